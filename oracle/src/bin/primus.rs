@@ -1,0 +1,31 @@
+//! `primus`: plan a distributed training job from a laptop. Project memory and step time of a
+//! layout, tune the layout, validate the oracle against published runs.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use primus_oracle::cli;
+
+#[derive(Debug, Parser)]
+#[command(name = "primus", version, about = "Project, tune and validate Megatron-style training layouts", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the built-in (and --profiles-dir) model cards and hardware profiles.
+    Profiles(cli::profiles::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Profiles(a) => cli::profiles::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(),
+    }
+}

@@ -1,0 +1,233 @@
+//! Hardware profiles: what one GPU kind can do (peak FLOP/s, HBM capacity and bandwidth,
+//! links), how it is packaged (GPUs per node, per fast-interconnect domain), how Kubernetes
+//! names it, and the efficiency parameters the time model uses. Loaded from
+//! `profiles/hardware/*.yaml` or inlined in a plan under `spec.cluster.gpuProfile`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::FieldError;
+use crate::units::{GB, GIB, MICROSECOND, TERA};
+
+/// GPU vendor; decides the Kubernetes resource and label conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    Amd,
+    Nvidia,
+}
+
+/// Dense (non-sparse) peak throughput per precision, in TFLOP/s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PeakTflops {
+    /// BF16/FP16 dense matrix peak.
+    pub bf16: f64,
+    /// FP8 dense matrix peak.
+    pub fp8: f64,
+}
+
+/// A link tier: bandwidth per GPU in one direction, and per-message latency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Link {
+    /// Unidirectional bandwidth available to one GPU on this tier, GB/s (10^9 bytes/s).
+    pub bandwidth_gbps: f64,
+    /// Latency of one message on this tier, microseconds (the alpha of alpha-beta).
+    pub latency_us: f64,
+}
+
+impl Link {
+    /// Bandwidth in bytes per second.
+    pub fn bytes_per_second(&self) -> f64 {
+        self.bandwidth_gbps * GB
+    }
+    /// Latency in seconds.
+    pub fn latency_seconds(&self) -> f64 {
+        self.latency_us * MICROSECOND
+    }
+}
+
+/// How Kubernetes exposes this GPU kind on a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesNames {
+    /// Extended resource name: `amd.com/gpu` or `nvidia.com/gpu`.
+    pub resource: String,
+    /// Node label whose value identifies the product: `amd.com/gpu.product-name` or
+    /// `nvidia.com/gpu.product`.
+    pub product_label: String,
+    /// Values of that label that denote this GPU (device plugins spell them differently).
+    pub product_values: Vec<String>,
+}
+
+/// Memory the job cannot use for tensors: named, so no formula carries a magic number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MemoryOverheads {
+    /// Driver, CUDA/HIP context, kernels and library workspaces per GPU, GiB.
+    pub runtime_reserve_gib: f64,
+    /// Fraction of allocated tensor memory lost to caching-allocator fragmentation.
+    pub allocator_fragmentation: f64,
+}
+
+/// Efficiency parameters of the time model (fractions of peak actually reached). Calibrated
+/// once per GPU generation; each value's source is given in the profile YAML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Efficiency {
+    /// Best GEMM efficiency (fraction of dense peak) on large, square-ish BF16 shapes.
+    pub gemm_bf16_max: f64,
+    /// Best GEMM efficiency (fraction of dense FP8 peak) on large FP8 shapes.
+    pub gemm_fp8_max: f64,
+    /// GEMM size (M*N*K, in units of 2^30) at which efficiency reaches half of its maximum:
+    /// small and skinny GEMMs run far below peak.
+    pub gemm_half_size_gflop: f64,
+    /// Flash-attention core efficiency (fraction of the matrix peak of the precision).
+    pub attention: f64,
+    /// Fraction of HBM bandwidth reached by memory-bound (element-wise, norm) kernels.
+    pub memory_bound: f64,
+    /// Fraction of the link bandwidth reached by collectives (bus bandwidth efficiency).
+    pub collective: f64,
+    /// Fixed per-kernel launch/sync overhead, microseconds.
+    pub kernel_overhead_us: f64,
+}
+
+/// One GPU kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HardwareProfile {
+    /// Profile name, e.g. `mi300x`, `h100-sxm`.
+    #[serde(default)]
+    pub name: String,
+    /// Human product name, e.g. `AMD Instinct MI300X`.
+    pub product: String,
+    /// Vendor.
+    pub vendor: Vendor,
+    /// Dense peak matrix throughput.
+    pub peak_tflops: PeakTflops,
+    /// HBM capacity per GPU, GiB.
+    pub memory_gib: f64,
+    /// HBM bandwidth per GPU, GB/s.
+    pub memory_bandwidth_gbps: f64,
+    /// Memory the job cannot use.
+    pub overheads: MemoryOverheads,
+    /// GPUs in one node (one Kubernetes node, one benchmark).
+    pub gpus_per_node: u32,
+    /// GPUs sharing the fast interconnect (8 for an HGX/OAM board, 72 for NVL72).
+    pub scale_up_domain: u32,
+    /// Intra-domain link (NVLink, xGMI, Infinity Fabric).
+    pub scale_up: Link,
+    /// Inter-node network per GPU (NIC).
+    pub scale_out: Link,
+    /// How Kubernetes names this GPU.
+    pub kubernetes: KubernetesNames,
+    /// Time-model efficiency parameters.
+    pub efficiency: Efficiency,
+}
+
+impl HardwareProfile {
+    /// HBM capacity in bytes.
+    pub fn capacity_bytes(&self) -> f64 {
+        self.memory_gib * GIB
+    }
+
+    /// Capacity minus the runtime reserve: what tensors (and fragmentation) can use, bytes.
+    pub fn usable_bytes(&self) -> f64 {
+        (self.memory_gib - self.overheads.runtime_reserve_gib).max(0.0) * GIB
+    }
+
+    /// HBM bandwidth in bytes per second.
+    pub fn memory_bandwidth(&self) -> f64 {
+        self.memory_bandwidth_gbps * GB
+    }
+
+    /// Dense peak FLOP/s at a precision.
+    pub fn peak_flops(&self, precision: crate::plan::Precision) -> f64 {
+        match precision {
+            crate::plan::Precision::Bf16 => self.peak_tflops.bf16 * TERA,
+            crate::plan::Precision::Fp8 => self.peak_tflops.fp8 * TERA,
+        }
+    }
+
+    /// Check the profile's own consistency; `at` is its path in the input.
+    pub fn validate(&self, at: &str) -> Result<(), FieldError> {
+        let positive = |name: &str, v: f64| -> Result<(), FieldError> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(FieldError::new(
+                    format!("{at}.{name}"),
+                    format!("must be a positive number, got {v}"),
+                ))
+            }
+        };
+        let fraction = |name: &str, v: f64| -> Result<(), FieldError> {
+            if v.is_finite() && v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err(FieldError::new(
+                    format!("{at}.{name}"),
+                    format!("must be a fraction in (0, 1], got {v}"),
+                ))
+            }
+        };
+        positive("peakTflops.bf16", self.peak_tflops.bf16)?;
+        positive("peakTflops.fp8", self.peak_tflops.fp8)?;
+        positive("memoryGib", self.memory_gib)?;
+        positive("memoryBandwidthGbps", self.memory_bandwidth_gbps)?;
+        if !(self.overheads.runtime_reserve_gib >= 0.0
+            && self.overheads.runtime_reserve_gib < self.memory_gib)
+        {
+            return Err(FieldError::new(
+                format!("{at}.overheads.runtimeReserveGib"),
+                format!(
+                    "must be in [0, memoryGib={}), got {}",
+                    self.memory_gib, self.overheads.runtime_reserve_gib
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.overheads.allocator_fragmentation) {
+            return Err(FieldError::new(
+                format!("{at}.overheads.allocatorFragmentation"),
+                "must be a fraction in [0, 1)",
+            ));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(FieldError::new(
+                format!("{at}.gpusPerNode"),
+                "must be greater than 0",
+            ));
+        }
+        if self.scale_up_domain == 0 || self.scale_up_domain % self.gpus_per_node != 0 {
+            return Err(FieldError::new(
+                format!("{at}.scaleUpDomain"),
+                format!(
+                    "must be a positive multiple of gpusPerNode {}, got {}",
+                    self.gpus_per_node, self.scale_up_domain
+                ),
+            ));
+        }
+        positive("scaleUp.bandwidthGbps", self.scale_up.bandwidth_gbps)?;
+        positive("scaleOut.bandwidthGbps", self.scale_out.bandwidth_gbps)?;
+        if !(self.scale_up.latency_us >= 0.0 && self.scale_out.latency_us >= 0.0) {
+            return Err(FieldError::new(
+                format!("{at}.scaleUp.latencyUs"),
+                "latencies must be non-negative",
+            ));
+        }
+        let e = &self.efficiency;
+        fraction("efficiency.gemmBf16Max", e.gemm_bf16_max)?;
+        fraction("efficiency.gemmFp8Max", e.gemm_fp8_max)?;
+        positive("efficiency.gemmHalfSizeGflop", e.gemm_half_size_gflop)?;
+        fraction("efficiency.attention", e.attention)?;
+        fraction("efficiency.memoryBound", e.memory_bound)?;
+        fraction("efficiency.collective", e.collective)?;
+        if !(e.kernel_overhead_us >= 0.0) {
+            return Err(FieldError::new(
+                format!("{at}.efficiency.kernelOverheadUs"),
+                "must be non-negative",
+            ));
+        }
+        Ok(())
+    }
+}

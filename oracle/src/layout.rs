@@ -1,0 +1,217 @@
+//! The parallel layout of a job (TP, PP, VPP, CP, EP, ETP, micro-batch, recompute, optimizer
+//! sharding, schedule, overlap), the data-parallel size derived from it, and its legality
+//! rules. Field names are those of `spec.parallelism` in a TrainingPlan.
+
+use serde::{Deserialize, Serialize};
+
+/// Activation recomputation granularity.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Recompute the attention core only (Korthikanti et al. 2022 "selective").
+    Selective,
+    /// Keep only each layer's input; recompute the whole layer in the backward pass.
+    Full,
+}
+
+/// Pipeline schedule.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+pub enum Schedule {
+    /// Non-interleaved one-forward-one-backward (PipeDream-Flush).
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Interleaved 1F1B with `vpp` virtual stages per GPU.
+    #[serde(rename = "interleaved")]
+    Interleaved,
+    /// Zero-bubble ZB-H1 (backward split into input-grad and weight-grad passes).
+    #[serde(rename = "zero-bubble")]
+    ZeroBubble,
+}
+
+impl Schedule {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
+            Schedule::ZeroBubble => "zero-bubble",
+        }
+    }
+}
+
+impl Recompute {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+/// One parallel layout: the axes the tuner searches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Layout {
+    /// Tensor-parallel size.
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// Pipeline-parallel size.
+    #[serde(default = "one")]
+    pub pp: u32,
+    /// Virtual pipeline stages per GPU (model chunks); 1 = not interleaved.
+    #[serde(default = "one")]
+    pub vpp: u32,
+    /// Context-parallel size.
+    #[serde(default = "one")]
+    pub cp: u32,
+    /// Expert-parallel size.
+    #[serde(default = "one")]
+    pub ep: u32,
+    /// Expert tensor-parallel size (MoE parallel folding); 1 = experts not split by TP.
+    #[serde(default = "one")]
+    pub etp: u32,
+    /// Micro-batch size.
+    #[serde(default = "one")]
+    pub micro_batch_size: u32,
+    /// Activation recomputation granularity.
+    #[serde(default)]
+    pub recompute: Recompute,
+    /// With full recompute: layers per pipeline stage that are recomputed (0 = all).
+    #[serde(default)]
+    pub recompute_layers: u32,
+    /// Sequence parallelism over the TP group (only meaningful with tp > 1).
+    #[serde(default = "yes")]
+    pub sequence_parallel: bool,
+    /// Megatron's distributed optimizer (ZeRO-1: optimizer state sharded over DP).
+    #[serde(default = "yes")]
+    pub distributed_optimizer: bool,
+    /// Fully sharded data parallel (weights, grads and optimizer sharded over DP).
+    #[serde(default)]
+    pub fsdp: bool,
+    /// Pipeline schedule.
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// Layers on the first pipeline stage when it differs from the even split.
+    #[serde(default)]
+    pub first_stage_layers: Option<u32>,
+    /// Layers on the last pipeline stage when it differs from the even split.
+    #[serde(default)]
+    pub last_stage_layers: Option<u32>,
+    /// Overlap TP/SP collectives with GEMMs (Transformer Engine userbuffers).
+    #[serde(default)]
+    pub tp_comm_overlap: bool,
+    /// Overlap the DP gradient reduce-scatter/all-reduce with the backward pass.
+    #[serde(default = "yes")]
+    pub overlap_grad_reduce: bool,
+    /// Overlap the distributed optimizer's parameter all-gather with the forward pass.
+    #[serde(default = "yes")]
+    pub overlap_param_gather: bool,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            micro_batch_size: 1,
+            recompute: Recompute::None,
+            recompute_layers: 0,
+            sequence_parallel: true,
+            distributed_optimizer: true,
+            fsdp: false,
+            schedule: Schedule::OneFOneB,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            tp_comm_overlap: false,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+        }
+    }
+}
+
+impl Layout {
+    /// GPUs in one model replica's TP x PP x CP grid.
+    pub fn model_parallel_size(&self) -> u32 {
+        self.tp * self.pp * self.cp
+    }
+
+    /// Data-parallel size for `gpus` GPUs (None when it does not divide).
+    pub fn dp(&self, gpus: u32) -> Option<u32> {
+        let mp = self.model_parallel_size();
+        if mp == 0 || gpus % mp != 0 {
+            None
+        } else {
+            Some(gpus / mp)
+        }
+    }
+
+    /// Expert data-parallel size: GPUs of one PP stage divided by the expert grid EP x ETP
+    /// (MoE parallel folding: the attention grid TP x CP x DP is re-folded as ETP x EP x EDP).
+    pub fn expert_dp(&self, gpus: u32) -> Option<u32> {
+        let per_stage = gpus / self.pp.max(1);
+        let grid = self.ep * self.etp;
+        if grid == 0 || per_stage % grid != 0 {
+            None
+        } else {
+            Some(per_stage / grid)
+        }
+    }
+
+    /// Sequence parallel is in effect (it needs TP > 1).
+    pub fn sp(&self) -> bool {
+        self.sequence_parallel && self.tp > 1
+    }
+
+    /// Compact one-line label, e.g. `TP4 PP8 VPP5 CP1 EP1 MBS1 none 1f1b`.
+    pub fn label(&self) -> String {
+        let mut s = format!("TP{} PP{}", self.tp, self.pp);
+        if self.vpp > 1 {
+            s.push_str(&format!(" VPP{}", self.vpp));
+        }
+        if self.cp > 1 {
+            s.push_str(&format!(" CP{}", self.cp));
+        }
+        if self.ep > 1 {
+            s.push_str(&format!(" EP{}", self.ep));
+        }
+        if self.etp > 1 {
+            s.push_str(&format!(" ETP{}", self.etp));
+        }
+        s.push_str(&format!(" MBS{}", self.micro_batch_size));
+        match self.recompute {
+            Recompute::None => {}
+            Recompute::Selective => s.push_str(" recompute=selective"),
+            Recompute::Full if self.recompute_layers > 0 => {
+                s.push_str(&format!(" recompute=full({})", self.recompute_layers))
+            }
+            Recompute::Full => s.push_str(" recompute=full"),
+        }
+        if self.fsdp {
+            s.push_str(" fsdp");
+        } else if !self.distributed_optimizer {
+            s.push_str(" no-distopt");
+        }
+        s.push(' ');
+        s.push_str(self.schedule.as_str());
+        s
+    }
+}

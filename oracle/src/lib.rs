@@ -1,0 +1,20 @@
+//! Primus Projection's oracle: a pure library (no Kubernetes, no async runtime, no network)
+//! that projects, for one parallel layout of a Megatron-style training job, the per-GPU memory
+//! of every pipeline stage and the step time, tokens/s/GPU, TFLOP/s/GPU and MFU at full scale.
+//!
+//! Inputs are plain data: a [`model::ModelCard`], a [`hardware::HardwareProfile`], a
+//! [`plan::Cluster`], the [`plan::Training`] settings and a [`layout::Layout`]. The
+//! [`plan`] module parses the same TrainingPlan YAML that `kubectl apply` sends.
+
+pub mod error;
+pub mod hardware;
+pub mod layout;
+pub mod model;
+pub mod plan;
+pub mod profiles;
+pub mod units;
+
+pub use error::{FieldError, PlanError};
+
+#[cfg(feature = "cli")]
+pub mod cli;

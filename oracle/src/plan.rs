@@ -1,0 +1,523 @@
+//! The TrainingPlan document as the oracle sees it: the same YAML that `kubectl apply` sends
+//! (`apiVersion: primus.dev/v1alpha1`, `kind: TrainingPlan`, `spec: ...`), parsed into plain
+//! types with every error naming its field. The operator converts its kube types to this
+//! through [`PlanSpec::from_json`] so both paths share one parser and one set of rules.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FieldError, PlanError};
+use crate::hardware::HardwareProfile;
+use crate::layout::{Layout, Recompute, Schedule};
+use crate::model::ModelCard;
+use crate::profiles::Catalog;
+
+/// Numeric precision of the matrix math.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// BF16 weights and GEMMs.
+    #[default]
+    Bf16,
+    /// FP8 GEMMs (Transformer Engine delayed/current scaling or MXFP8), BF16 weights.
+    Fp8,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
+/// Which model: a preset name or an inline card (exactly one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelRef {
+    /// Name of a model card in `profiles/models`, e.g. `llama3.1-70b`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// The architecture inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<ModelCard>,
+}
+
+/// The cluster the job runs on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Hardware profile name, e.g. `mi300x` (see `primus profiles`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// A hardware profile inline, instead of `gpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_profile: Option<HardwareProfile>,
+    /// Total GPUs of the job.
+    pub gpus: u32,
+    /// GPUs per node; defaults to the profile's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u32>,
+}
+
+/// Training settings that are not part of the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Training {
+    /// Sequence length in tokens.
+    pub seq_length: u64,
+    /// Global batch size in sequences.
+    pub global_batch_size: u64,
+    /// Matrix precision.
+    #[serde(default)]
+    pub precision: Precision,
+}
+
+/// Searcher used by `primus tune` and the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SearcherKind {
+    #[default]
+    Exhaustive,
+    Seed,
+    Evolutionary,
+    Agent,
+    /// Project `spec.parallelism` as given; no search.
+    None,
+}
+
+impl SearcherKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearcherKind::Exhaustive => "exhaustive",
+            SearcherKind::Seed => "seed",
+            SearcherKind::Evolutionary => "evolutionary",
+            SearcherKind::Agent => "agent",
+            SearcherKind::None => "none",
+        }
+    }
+}
+
+/// Axes pinned to one value during a search (`spec.tuning.fixed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FixedAxes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etp: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<Recompute>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_layers: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_parallel: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed_optimizer: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+}
+
+/// Value lists per axis (`spec.tuning.allowed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowedAxes {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vpp: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cp: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etp: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_size: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<Vec<Recompute>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Vec<Schedule>>,
+}
+
+/// The LLM proposer's endpoint (OpenAI-compatible chat completions).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentSpec {
+    /// Base URL, e.g. `http://llm.internal:8000/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Model name sent in the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Name of the environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Proposal rounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u32>,
+    /// Per-request timeout, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// Default usable fraction of GPU memory for the tuner.
+pub const DEFAULT_MEMORY_HEADROOM: f64 = 0.92;
+
+/// `spec.tuning`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tuning {
+    /// Search strategy.
+    #[serde(default)]
+    pub searcher: SearcherKind,
+    /// Usable fraction of the profile's usable memory (default 0.92).
+    #[serde(default = "default_headroom")]
+    pub memory_headroom: f64,
+    /// Axes pinned during the search.
+    #[serde(default)]
+    pub fixed: FixedAxes,
+    /// Value lists per axis.
+    #[serde(default)]
+    pub allowed: AllowedAxes,
+    /// How many of the best layouts to report (default 5).
+    #[serde(default = "default_top_k")]
+    pub top_k: u32,
+    /// LLM proposer settings (searcher `agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentSpec>,
+}
+
+fn default_headroom() -> f64 {
+    DEFAULT_MEMORY_HEADROOM
+}
+fn default_top_k() -> u32 {
+    5
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            searcher: SearcherKind::default(),
+            memory_headroom: DEFAULT_MEMORY_HEADROOM,
+            fixed: FixedAxes::default(),
+            allowed: AllowedAxes::default(),
+            top_k: default_top_k(),
+            agent: None,
+        }
+    }
+}
+
+/// `spec` of a TrainingPlan, as far as the oracle reads it. Other keys (`benchmark`, `job`,
+/// `drift`, ...) belong to the operator and are kept in `operator` untouched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanSpec {
+    pub model: ModelRef,
+    pub cluster: ClusterSpec,
+    pub training: Training,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<Layout>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<Tuning>,
+    /// Keys the oracle does not read (operator settings).
+    #[serde(flatten)]
+    pub operator: BTreeMap<String, serde_json::Value>,
+}
+
+/// Keys of `spec` that belong to the operator; anything else unknown is a typo.
+pub const OPERATOR_SPEC_KEYS: &[&str] = &["benchmark", "job", "drift"];
+
+/// The cluster after defaults: GPU count and packaging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cluster {
+    pub gpus: u32,
+    pub gpus_per_node: u32,
+}
+
+impl Cluster {
+    pub fn nodes(&self) -> u32 {
+        self.gpus.div_ceil(self.gpus_per_node.max(1))
+    }
+}
+
+/// Everything about a job except its layout: what the memory model, the projection and the
+/// tuner evaluate layouts against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub model: ModelCard,
+    pub hardware: HardwareProfile,
+    pub cluster: Cluster,
+    pub training: Training,
+}
+
+/// A resolved plan: the scenario plus the optional reference layout and tuning settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// `metadata.name`, or the file stem.
+    pub name: String,
+    pub scenario: Scenario,
+    pub layout: Option<Layout>,
+    pub tuning: Tuning,
+}
+
+impl Plan {
+    /// The layout to project: `spec.parallelism`, or an error naming it when absent.
+    pub fn layout(&self) -> Result<&Layout, PlanError> {
+        self.layout.as_ref().ok_or_else(|| {
+            PlanError::field(
+                "spec.parallelism",
+                "missing: `project` and `memory` need a layout (or run `primus tune`)",
+            )
+        })
+    }
+}
+
+/// Parse a YAML (or JSON) text into a JSON value, with a syntax error naming the source.
+pub fn parse_yaml_value(text: &str, source_name: &str) -> Result<serde_json::Value, PlanError> {
+    serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| PlanError::Syntax {
+        source_name: source_name.to_string(),
+        message: e.to_string().lines().next().unwrap_or_default().to_string(),
+    })
+}
+
+/// Deserialize `value` into `T`, turning serde errors into a [`FieldError`] whose field is
+/// `prefix` + the path serde reached.
+pub fn from_value_at<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+    prefix: &str,
+) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path.is_empty() {
+            prefix.to_string()
+        } else if prefix.is_empty() {
+            path
+        } else {
+            format!("{prefix}.{path}")
+        };
+        FieldError::new(field, e.into_inner().to_string())
+    })
+}
+
+impl PlanSpec {
+    /// Parse `spec` from a JSON value (the operator's path). Unknown keys other than the
+    /// operator's own are rejected, naming the key.
+    pub fn from_json(spec: serde_json::Value) -> Result<PlanSpec, FieldError> {
+        if let Some(obj) = spec.as_object() {
+            for key in obj.keys() {
+                let known = ["model", "cluster", "training", "parallelism", "tuning"]
+                    .contains(&key.as_str())
+                    || OPERATOR_SPEC_KEYS.contains(&key.as_str());
+                if !known {
+                    return Err(FieldError::new(
+                        format!("spec.{key}"),
+                        "unknown field (expected one of model, cluster, training, parallelism, tuning, benchmark, job, drift)",
+                    ));
+                }
+            }
+        } else {
+            return Err(FieldError::new("spec", "must be a mapping"));
+        }
+        from_value_at(spec, "spec")
+    }
+
+    /// Resolve presets and defaults against a catalog and check every field. The layout's
+    /// legality against the scenario is checked separately ([`Layout::check`]).
+    pub fn resolve(&self, name: &str, catalog: &Catalog) -> Result<Plan, FieldError> {
+        let model = match (&self.model.preset, &self.model.card) {
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    "spec.model",
+                    "give either `preset` or `card`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(FieldError::new(
+                    "spec.model",
+                    "missing: give `preset` (see `primus profiles`) or an inline `card`",
+                ));
+            }
+            (Some(p), None) => catalog.model(p).cloned().ok_or_else(|| {
+                FieldError::new(
+                    "spec.model.preset",
+                    format!(
+                        "unknown model preset {p:?}; known: {}",
+                        catalog.model_names().join(", ")
+                    ),
+                )
+            })?,
+            (None, Some(card)) => {
+                card.validate("spec.model.card")?;
+                card.clone()
+            }
+        };
+        let hardware = match (&self.cluster.gpu, &self.cluster.gpu_profile) {
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    "spec.cluster",
+                    "give either `gpu` or `gpuProfile`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(FieldError::new(
+                    "spec.cluster.gpu",
+                    "missing: name a hardware profile (see `primus profiles`) or give `gpuProfile`",
+                ));
+            }
+            (Some(g), None) => catalog.hardware(g).cloned().ok_or_else(|| {
+                FieldError::new(
+                    "spec.cluster.gpu",
+                    format!(
+                        "unknown hardware profile {g:?}; known: {}",
+                        catalog.hardware_names().join(", ")
+                    ),
+                )
+            })?,
+            (None, Some(p)) => {
+                p.validate("spec.cluster.gpuProfile")?;
+                p.clone()
+            }
+        };
+        let gpus = self.cluster.gpus;
+        if gpus == 0 {
+            return Err(FieldError::new(
+                "spec.cluster.gpus",
+                "must be greater than 0",
+            ));
+        }
+        let gpus_per_node = self.cluster.gpus_per_node.unwrap_or(hardware.gpus_per_node);
+        if gpus_per_node == 0 {
+            return Err(FieldError::new(
+                "spec.cluster.gpusPerNode",
+                "must be greater than 0",
+            ));
+        }
+        if gpus > gpus_per_node && gpus % gpus_per_node != 0 {
+            return Err(FieldError::new(
+                "spec.cluster.gpus",
+                format!("{gpus} is not a multiple of gpusPerNode {gpus_per_node}"),
+            ));
+        }
+        if self.training.seq_length == 0 {
+            return Err(FieldError::new(
+                "spec.training.seqLength",
+                "must be greater than 0",
+            ));
+        }
+        if self.training.global_batch_size == 0 {
+            return Err(FieldError::new(
+                "spec.training.globalBatchSize",
+                "must be greater than 0",
+            ));
+        }
+        let tuning = self.tuning.clone().unwrap_or_default();
+        if !(tuning.memory_headroom > 0.0 && tuning.memory_headroom <= 1.0) {
+            return Err(FieldError::new(
+                "spec.tuning.memoryHeadroom",
+                format!(
+                    "must be a fraction in (0, 1], got {}",
+                    tuning.memory_headroom
+                ),
+            ));
+        }
+        if tuning.top_k == 0 {
+            return Err(FieldError::new(
+                "spec.tuning.topK",
+                "must be greater than 0",
+            ));
+        }
+        if tuning.searcher == SearcherKind::None && self.parallelism.is_none() {
+            return Err(FieldError::new(
+                "spec.parallelism",
+                "missing: searcher `none` projects spec.parallelism as given",
+            ));
+        }
+        Ok(Plan {
+            name: name.to_string(),
+            scenario: Scenario {
+                model,
+                hardware,
+                cluster: Cluster {
+                    gpus,
+                    gpus_per_node,
+                },
+                training: self.training,
+            },
+            layout: self.parallelism.clone(),
+            tuning,
+        })
+    }
+}
+
+/// Parse a whole TrainingPlan document (or a bare spec) from YAML text and resolve it.
+pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Plan, PlanError> {
+    let value = parse_yaml_value(text, source_name)?;
+    let serde_json::Value::Object(mut doc) = value else {
+        return Err(PlanError::Syntax {
+            source_name: source_name.to_string(),
+            message: "expected a TrainingPlan mapping at the top level".into(),
+        });
+    };
+    let (spec, name) = if doc.contains_key("spec") {
+        if let Some(kind) = doc.get("kind") {
+            if kind != "TrainingPlan" {
+                return Err(PlanError::field(
+                    "kind",
+                    format!("expected TrainingPlan, got {kind}"),
+                ));
+            }
+        }
+        if let Some(api) = doc.get("apiVersion")
+            && api != "primus.dev/v1alpha1"
+        {
+            return Err(PlanError::field(
+                "apiVersion",
+                format!("expected primus.dev/v1alpha1, got {api}"),
+            ));
+        }
+        let name = doc
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .map(str::to_string);
+        (doc.remove("spec").unwrap_or_default(), name)
+    } else {
+        (serde_json::Value::Object(doc), None)
+    };
+    let name = name.unwrap_or_else(|| {
+        std::path::Path::new(source_name)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("plan")
+            .to_string()
+    });
+    let spec = PlanSpec::from_json(spec)?;
+    Ok(spec.resolve(&name, catalog)?)
+}
+
+/// Read and parse a plan file.
+pub fn load_plan(path: &std::path::Path, catalog: &Catalog) -> Result<Plan, PlanError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_plan(&text, &path.display().to_string(), catalog)
+}
