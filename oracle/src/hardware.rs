@@ -10,6 +10,7 @@ use crate::units::{GB, GIB, MICROSECOND, TERA};
 
 /// GPU vendor; decides the Kubernetes resource and label conventions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Vendor {
     Amd,
@@ -18,6 +19,7 @@ pub enum Vendor {
 
 /// Dense (non-sparse) peak throughput per precision, in TFLOP/s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PeakTflops {
     /// BF16/FP16 dense matrix peak.
@@ -28,6 +30,7 @@ pub struct PeakTflops {
 
 /// A link tier: bandwidth per GPU in one direction, and per-message latency.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Link {
     /// Unidirectional bandwidth available to one GPU on this tier, GB/s (10^9 bytes/s).
@@ -49,6 +52,7 @@ impl Link {
 
 /// How Kubernetes exposes this GPU kind on a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubernetesNames {
     /// Extended resource name: `amd.com/gpu` or `nvidia.com/gpu`.
@@ -62,6 +66,7 @@ pub struct KubernetesNames {
 
 /// Memory the job cannot use for tensors: named, so no formula carries a magic number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemoryOverheads {
     /// Driver, CUDA/HIP context, kernels and library workspaces per GPU, GiB.
@@ -73,6 +78,7 @@ pub struct MemoryOverheads {
 /// Efficiency parameters of the time model (fractions of peak actually reached). Calibrated
 /// once per GPU generation; each value's source is given in the profile YAML.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Efficiency {
     /// Best GEMM efficiency (fraction of dense peak) on large, square-ish BF16 shapes.
@@ -94,6 +100,7 @@ pub struct Efficiency {
 
 /// One GPU kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HardwareProfile {
     /// Profile name, e.g. `mi300x`, `h100-sxm`.

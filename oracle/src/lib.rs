@@ -12,6 +12,7 @@ pub mod layout;
 pub mod model;
 pub mod plan;
 pub mod profiles;
+pub mod report;
 pub mod units;
 
 pub use error::{FieldError, PlanError};

@@ -8,6 +8,7 @@ use crate::error::FieldError;
 
 /// MLP activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
     /// Gated SiLU: three matrices (gate, up, down).
@@ -18,6 +19,7 @@ pub enum Activation {
 
 /// Normalisation layer kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Norm {
     /// RMSNorm: one weight vector.
@@ -28,6 +30,7 @@ pub enum Norm {
 
 /// Router scoring function of a mixture-of-experts layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum RouterKind {
     #[default]
@@ -38,6 +41,7 @@ pub enum RouterKind {
 
 /// Mixture-of-experts settings. Absent for dense models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MoeConfig {
     /// Routed experts per MoE layer.
@@ -68,6 +72,7 @@ pub struct MoeConfig {
 
 /// Multi-head latent attention (DeepSeek-V2/V3). Absent for standard attention.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MlaConfig {
     /// Rank of the query down-projection; absent when queries are not compressed.
@@ -85,6 +90,7 @@ pub struct MlaConfig {
 
 /// The architecture of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelCard {
     /// Preset name, e.g. `llama3.1-70b` (optional for inline cards).

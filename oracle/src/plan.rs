@@ -15,6 +15,7 @@ use crate::profiles::Catalog;
 
 /// Numeric precision of the matrix math.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// BF16 weights and GEMMs.
@@ -35,6 +36,7 @@ impl Precision {
 
 /// Which model: a preset name or an inline card (exactly one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelRef {
     /// Name of a model card in `profiles/models`, e.g. `llama3.1-70b`.
@@ -47,6 +49,7 @@ pub struct ModelRef {
 
 /// The cluster the job runs on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
     /// Hardware profile name, e.g. `mi300x` (see `primus profiles`).
@@ -64,6 +67,7 @@ pub struct ClusterSpec {
 
 /// Training settings that are not part of the layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Training {
     /// Sequence length in tokens.
@@ -77,6 +81,7 @@ pub struct Training {
 
 /// Searcher used by `primus tune` and the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SearcherKind {
     #[default]
@@ -102,6 +107,7 @@ impl SearcherKind {
 
 /// Axes pinned to one value during a search (`spec.tuning.fixed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FixedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,6 +140,7 @@ pub struct FixedAxes {
 
 /// Value lists per axis (`spec.tuning.allowed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllowedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,6 +165,7 @@ pub struct AllowedAxes {
 
 /// The LLM proposer's endpoint (OpenAI-compatible chat completions).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentSpec {
     /// Base URL, e.g. `http://llm.internal:8000/v1`.
@@ -182,6 +190,7 @@ pub const DEFAULT_MEMORY_HEADROOM: f64 = 0.92;
 
 /// `spec.tuning`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Tuning {
     /// Search strategy.
@@ -227,6 +236,7 @@ impl Default for Tuning {
 /// `spec` of a TrainingPlan, as far as the oracle reads it. Other keys (`benchmark`, `job`,
 /// `drift`, ...) belong to the operator and are kept in `operator` untouched.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PlanSpec {
     pub model: ModelRef,
@@ -246,6 +256,7 @@ pub const OPERATOR_SPEC_KEYS: &[&str] = &["benchmark", "job", "drift"];
 
 /// The cluster after defaults: GPU count and packaging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Cluster {
     pub gpus: u32,

@@ -1,0 +1,111 @@
+//! The results of a single-node benchmark run: what `primus bench` measures and posts as a
+//! `BenchmarkReport` (the CRD embeds this type), and what the calibration reads. Plain data,
+//! so the oracle can be calibrated from a JSON file on a laptop as well as from the cluster.
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Layout;
+use crate::plan::Precision;
+
+/// Where the numbers came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// AMD GPUs through HIP, hipBLASLt/rocBLAS and RCCL.
+    Rocm,
+    /// NVIDIA GPUs through CUDA, cuBLASLt/cuBLAS and NCCL.
+    Cuda,
+    /// No GPU: the analytic model produced the numbers (marked as simulated everywhere).
+    #[default]
+    Simulate,
+}
+
+/// One timed operation: a GEMM, an attention core, a memory-bound kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct OpMeasurement {
+    /// What the op is, e.g. `dense.qkv.fwd`, `moe.expert_fc1.dgrad`, `attention.core.bwd`.
+    pub name: String,
+    /// Op kind: `gemm`, `grouped-gemm`, `attention`, `memory-bound`.
+    pub kind: String,
+    /// GEMM shape M x N x K (for attention: batch*heads, seq, head dim; for memory-bound ops
+    /// `[bytes, 0, 0]`).
+    pub shape: Vec<u64>,
+    /// Precision the op ran at.
+    pub precision: Precision,
+    /// FLOPs of one run (0 for memory-bound ops).
+    pub flops: f64,
+    /// Bytes moved from/to HBM by one run (estimate).
+    pub bytes: f64,
+    /// Median time of the timed runs, seconds.
+    pub median_seconds: f64,
+    /// Spread of the timed runs: (p90 - p10) / median.
+    pub spread: f64,
+    /// Number of timed runs (after warm-up).
+    pub runs: u32,
+}
+
+/// One timed collective inside the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct CollectiveMeasurement {
+    /// `all-reduce`, `reduce-scatter`, `all-gather`, `all-to-all`, `p2p`.
+    pub op: String,
+    /// GPUs in the group.
+    pub group_size: u32,
+    /// Message size in bytes (the full buffer, NCCL's "size" convention).
+    pub bytes: f64,
+    /// Median time, seconds.
+    pub median_seconds: f64,
+    /// Spread: (p90 - p10) / median.
+    pub spread: f64,
+    /// Bus bandwidth (NCCL convention), GB/s.
+    pub bus_bandwidth_gbps: f64,
+    /// Number of timed runs.
+    pub runs: u32,
+}
+
+/// Everything one benchmark run measured, with its provenance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BenchmarkResults {
+    /// Measurement backend; `simulate` means no GPU was used.
+    pub backend: Backend,
+    /// Hardware profile name the plan asked for, e.g. `mi300x`.
+    pub gpu: String,
+    /// GPU product as the driver reports it, e.g. `AMD Instinct MI300X`.
+    pub gpu_product: String,
+    /// GPUs on the node that took part.
+    pub gpu_count: u32,
+    /// Kubernetes node (or host) name.
+    pub node: String,
+    /// Driver version.
+    pub driver_version: String,
+    /// Runtime and library versions, e.g. `HIP 6.2 / hipBLASLt 0.10 / RCCL 2.20`.
+    pub runtime_version: String,
+    /// When the run started (RFC 3339).
+    pub started_at: String,
+    /// When the run finished (RFC 3339).
+    pub finished_at: String,
+    /// Model card name the shapes came from.
+    pub model: String,
+    /// Key of the layer shapes measured (model, downscaled TP/EP, seq, mbs, precision); a
+    /// report with the same key and GPU product can be reused.
+    pub shapes_key: String,
+    /// The layout the plan targets.
+    pub target_layout: Layout,
+    /// The single-node layout that was measured.
+    pub measured_layout: Layout,
+    /// Axes reduced to fit the node, e.g. `["pp 8->1", "ep 64->8"]`.
+    pub reduced_axes: Vec<String>,
+    /// Timed compute ops.
+    pub ops: Vec<OpMeasurement>,
+    /// Timed in-node collectives.
+    pub collectives: Vec<CollectiveMeasurement>,
+    /// Peak device memory seen during the run, bytes.
+    pub peak_memory_bytes: f64,
+}
