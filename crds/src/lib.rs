@@ -1,1 +1,23 @@
+//! The Kubernetes API of Primus Projection (group `primus.dev`, version `v1alpha1`):
+//! [`TrainingPlan`] (what users apply) and [`BenchmarkReport`] (what benchmark pods post).
+//!
+//! The plan's architecture, cluster, training and layout fields are the oracle's own types
+//! (built with the oracle's `schema` feature), so the CRD, the CLI and the operator read one
+//! definition. [`TrainingPlanSpec::to_oracle`] converts at the edge, through the oracle's
+//! parser, so both paths apply the same rules and name fields the same way.
 
+pub mod benchmark_report;
+pub mod crdgen;
+pub mod training_plan;
+
+pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
+pub use training_plan::{
+    BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobSpec, JobStatus, LayoutSummary,
+    MeasuredThroughput, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
+    TrainingPlanStatus,
+};
+
+/// API group of every kind here.
+pub const GROUP: &str = "primus.dev";
+/// API version of every kind here.
+pub const VERSION: &str = "v1alpha1";

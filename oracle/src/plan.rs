@@ -111,30 +111,43 @@ impl SearcherKind {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FixedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the tensor-parallel size to this value.
     pub tp: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the pipeline-parallel size to this value.
     pub pp: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the virtual pipeline stages per GPU to this value.
     pub vpp: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the context-parallel size to this value.
     pub cp: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the expert-parallel size to this value.
     pub ep: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the expert tensor-parallel size to this value.
     pub etp: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the micro-batch size to this value.
     pub micro_batch_size: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the recomputation granularity to this value.
     pub recompute: Option<Recompute>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the layers per stage recomputed with full recompute (0 = all) to this value.
     pub recompute_layers: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the sequence parallelism to this value.
     pub sequence_parallel: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the distributed optimizer to this value.
     pub distributed_optimizer: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the FSDP to this value.
     pub fsdp: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the pipeline schedule to this value.
     pub schedule: Option<Schedule>,
 }
 
@@ -144,22 +157,31 @@ pub struct FixedAxes {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllowedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the tensor-parallel size.
     pub tp: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the pipeline-parallel size.
     pub pp: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the virtual pipeline stages per GPU.
     pub vpp: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the context-parallel size.
     pub cp: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the expert-parallel size.
     pub ep: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the expert tensor-parallel size.
     pub etp: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the micro-batch size.
     pub micro_batch_size: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the recomputation granularity.
     pub recompute: Option<Vec<Recompute>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the pipeline schedule.
     pub schedule: Option<Vec<Schedule>>,
 }
 
