@@ -1,0 +1,659 @@
+//! Megatron-LM command-line flags: written into the PyTorchJobs the tuner and the operator
+//! create, and read back by the admission webhook from jobs users submit. One table of flag
+//! names serves both directions, so what we write is exactly what we can parse.
+//!
+//! Flag names follow Megatron-LM's `megatron/training/arguments.py` (core_r0.12+); the
+//! zero-bubble flag is Primus-Megatron's (AMD's fork), FSDP is Megatron's torch FSDP2 switch.
+
+use std::collections::BTreeMap;
+
+use crate::error::FieldError;
+use crate::layout::{Layout, Recompute, Schedule};
+use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
+use crate::plan::{Precision, Scenario, Training};
+
+/// Flag names, one constant each, shared by the writer and the parser.
+pub mod flag {
+    pub const TP: &str = "--tensor-model-parallel-size";
+    pub const PP: &str = "--pipeline-model-parallel-size";
+    pub const VPP_LAYERS: &str = "--num-layers-per-virtual-pipeline-stage";
+    pub const VPP_SIZE: &str = "--virtual-pipeline-model-parallel-size";
+    pub const CP: &str = "--context-parallel-size";
+    pub const EP: &str = "--expert-model-parallel-size";
+    pub const ETP: &str = "--expert-tensor-parallel-size";
+    pub const MBS: &str = "--micro-batch-size";
+    pub const GBS: &str = "--global-batch-size";
+    pub const SEQ: &str = "--seq-length";
+    pub const RECOMPUTE_GRANULARITY: &str = "--recompute-granularity";
+    pub const RECOMPUTE_METHOD: &str = "--recompute-method";
+    pub const RECOMPUTE_NUM_LAYERS: &str = "--recompute-num-layers";
+    pub const DIST_OPT: &str = "--use-distributed-optimizer";
+    pub const SP: &str = "--sequence-parallel";
+    pub const FSDP: &str = "--use-torch-fsdp2";
+    pub const ZERO_BUBBLE: &str = "--enable-zero-bubble";
+    pub const FIRST_STAGE_LAYERS: &str = "--decoder-first-pipeline-num-layers";
+    pub const LAST_STAGE_LAYERS: &str = "--decoder-last-pipeline-num-layers";
+    pub const TP_COMM_OVERLAP: &str = "--tp-comm-overlap";
+    pub const OVERLAP_GRAD_REDUCE: &str = "--overlap-grad-reduce";
+    pub const OVERLAP_PARAM_GATHER: &str = "--overlap-param-gather";
+    pub const BF16: &str = "--bf16";
+    pub const FP8_FORMAT: &str = "--fp8-format";
+    pub const NUM_LAYERS: &str = "--num-layers";
+    pub const HIDDEN: &str = "--hidden-size";
+    pub const FFN_HIDDEN: &str = "--ffn-hidden-size";
+    pub const HEADS: &str = "--num-attention-heads";
+    pub const GQA: &str = "--group-query-attention";
+    pub const QUERY_GROUPS: &str = "--num-query-groups";
+    pub const KV_CHANNELS: &str = "--kv-channels";
+    pub const VOCAB: &str = "--padded-vocab-size";
+    pub const VOCAB_ALT: &str = "--vocab-size";
+    pub const SWIGLU: &str = "--swiglu";
+    pub const NORMALIZATION: &str = "--normalization";
+    pub const UNTIE: &str = "--untie-embeddings-and-output-weights";
+    pub const QK_LAYERNORM: &str = "--qk-layernorm";
+    pub const NUM_EXPERTS: &str = "--num-experts";
+    pub const MOE_TOPK: &str = "--moe-router-topk";
+    pub const MOE_FFN_HIDDEN: &str = "--moe-ffn-hidden-size";
+    pub const MOE_SHARED_FFN: &str = "--moe-shared-expert-intermediate-size";
+    pub const MOE_FIRST_DENSE: &str = "--moe-first-k-dense-replace";
+    pub const MOE_CAPACITY: &str = "--moe-expert-capacity-factor";
+    pub const MLA: &str = "--multi-latent-attention";
+    pub const Q_LORA: &str = "--q-lora-rank";
+    pub const KV_LORA: &str = "--kv-lora-rank";
+    pub const QK_HEAD_DIM: &str = "--qk-head-dim";
+    pub const QK_POS_HEAD_DIM: &str = "--qk-pos-emb-head-dim";
+    pub const V_HEAD_DIM: &str = "--v-head-dim";
+    pub const MTP_LAYERS: &str = "--mtp-num-layers";
+}
+
+/// Flags that take no value.
+const SWITCHES: &[&str] = &[
+    flag::DIST_OPT,
+    flag::SP,
+    flag::FSDP,
+    flag::ZERO_BUBBLE,
+    flag::TP_COMM_OVERLAP,
+    flag::OVERLAP_GRAD_REDUCE,
+    flag::OVERLAP_PARAM_GATHER,
+    flag::BF16,
+    "--fp16",
+    flag::GQA,
+    flag::SWIGLU,
+    flag::UNTIE,
+    flag::QK_LAYERNORM,
+    flag::MLA,
+    "--use-flash-attn",
+    "--use-mcore-models",
+    "--no-masked-softmax-fusion",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--no-position-embedding",
+    "--use-rotary-position-embeddings",
+];
+
+/// Megatron flags of a layout and training settings, in a stable order.
+pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut kv = |k: &str, v: String| {
+        a.push(k.to_string());
+        a.push(v);
+    };
+    kv(flag::TP, l.tp.to_string());
+    kv(flag::PP, l.pp.to_string());
+    if l.vpp > 1 {
+        kv(flag::VPP_SIZE, l.vpp.to_string());
+    }
+    if let Some(n) = l.first_stage_layers {
+        kv(flag::FIRST_STAGE_LAYERS, n.to_string());
+    }
+    if let Some(n) = l.last_stage_layers {
+        kv(flag::LAST_STAGE_LAYERS, n.to_string());
+    }
+    kv(flag::CP, l.cp.to_string());
+    if s.model.moe.is_some() {
+        kv(flag::EP, l.ep.to_string());
+        kv(flag::ETP, l.etp.to_string());
+    }
+    kv(flag::MBS, l.micro_batch_size.to_string());
+    kv(flag::GBS, s.training.global_batch_size.to_string());
+    kv(flag::SEQ, s.training.seq_length.to_string());
+    match l.recompute {
+        Recompute::None => {}
+        Recompute::Selective => kv(flag::RECOMPUTE_GRANULARITY, "selective".into()),
+        Recompute::Full => {
+            kv(flag::RECOMPUTE_GRANULARITY, "full".into());
+            kv(flag::RECOMPUTE_METHOD, "block".into());
+            let per_stage = s.model.layers.div_ceil(l.pp.max(1));
+            let n = if l.recompute_layers == 0 {
+                per_stage
+            } else {
+                l.recompute_layers
+            };
+            kv(flag::RECOMPUTE_NUM_LAYERS, n.to_string());
+        }
+    }
+    match s.training.precision {
+        Precision::Bf16 => a.push(flag::BF16.into()),
+        Precision::Fp8 => {
+            a.push(flag::BF16.into());
+            a.push(flag::FP8_FORMAT.into());
+            a.push("hybrid".into());
+        }
+    }
+    if l.fsdp {
+        a.push(flag::FSDP.into());
+    } else if l.distributed_optimizer {
+        a.push(flag::DIST_OPT.into());
+    }
+    if l.sp() {
+        a.push(flag::SP.into());
+    }
+    if l.schedule == Schedule::ZeroBubble {
+        a.push(flag::ZERO_BUBBLE.into());
+    }
+    if l.tp_comm_overlap {
+        a.push(flag::TP_COMM_OVERLAP.into());
+    }
+    if l.overlap_grad_reduce {
+        a.push(flag::OVERLAP_GRAD_REDUCE.into());
+    }
+    if l.overlap_param_gather && l.distributed_optimizer && !l.fsdp {
+        a.push(flag::OVERLAP_PARAM_GATHER.into());
+    }
+    a
+}
+
+/// Megatron flags describing a model card's architecture.
+pub fn model_args(m: &ModelCard) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut kv = |k: &str, v: String| {
+        a.push(k.to_string());
+        a.push(v);
+    };
+    kv(flag::NUM_LAYERS, m.layers.to_string());
+    kv(flag::HIDDEN, m.hidden_size.to_string());
+    kv(flag::FFN_HIDDEN, m.ffn_hidden_size.to_string());
+    kv(flag::HEADS, m.attention_heads.to_string());
+    if m.kv_heads() != m.attention_heads {
+        kv(flag::QUERY_GROUPS, m.kv_heads().to_string());
+    }
+    if m.head_dim.is_some() {
+        kv(flag::KV_CHANNELS, m.head_dim().to_string());
+    }
+    kv(flag::VOCAB, m.vocab_size.to_string());
+    kv(
+        flag::NORMALIZATION,
+        match m.norm {
+            Norm::Rmsnorm => "RMSNorm".into(),
+            Norm::Layernorm => "LayerNorm".into(),
+        },
+    );
+    if let Some(e) = &m.moe {
+        kv(flag::NUM_EXPERTS, e.num_experts.to_string());
+        kv(flag::MOE_TOPK, e.top_k.to_string());
+        kv(flag::MOE_FFN_HIDDEN, e.moe_ffn_hidden_size.to_string());
+        if e.shared_experts > 0 {
+            let f = e
+                .shared_expert_ffn_hidden_size
+                .unwrap_or(e.moe_ffn_hidden_size)
+                * e.shared_experts as u64;
+            kv(flag::MOE_SHARED_FFN, f.to_string());
+        }
+        if e.dense_layers > 0 {
+            kv(flag::MOE_FIRST_DENSE, e.dense_layers.to_string());
+        }
+        if let Some(c) = e.capacity_factor {
+            kv(flag::MOE_CAPACITY, c.to_string());
+        }
+    }
+    if let Some(mla) = &m.mla {
+        if let Some(q) = mla.q_lora_rank {
+            kv(flag::Q_LORA, q.to_string());
+        }
+        kv(flag::KV_LORA, mla.kv_lora_rank.to_string());
+        kv(flag::QK_HEAD_DIM, mla.qk_nope_head_dim.to_string());
+        kv(flag::QK_POS_HEAD_DIM, mla.qk_rope_head_dim.to_string());
+        kv(flag::V_HEAD_DIM, mla.v_head_dim.to_string());
+    }
+    if m.mtp_layers > 0 {
+        kv(flag::MTP_LAYERS, m.mtp_layers.to_string());
+    }
+    if m.kv_heads() != m.attention_heads {
+        a.push(flag::GQA.into());
+    }
+    if m.activation == Activation::Swiglu {
+        a.push(flag::SWIGLU.into());
+    }
+    if !m.tied_embeddings {
+        a.push(flag::UNTIE.into());
+    }
+    if m.qk_norm {
+        a.push(flag::QK_LAYERNORM.into());
+    }
+    if m.mla.is_some() {
+        a.push(flag::MLA.into());
+    }
+    a
+}
+
+/// Flags found in a command line: flag -> value (None for switches). The last occurrence wins,
+/// as with argparse.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MegatronArgs {
+    values: BTreeMap<String, Option<String>>,
+}
+
+/// Split a shell command string into words (quotes and backslashes, no expansion).
+pub fn shell_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = s.chars();
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some('"'), '\\') => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, '\\') => {
+                if let Some(n) = chars.next()
+                    && n != '\n'
+                {
+                    cur.push(n);
+                    in_word = true;
+                }
+            }
+            (None, c) if c.is_whitespace() || c == ';' || c == '&' || c == '|' => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    words
+}
+
+impl MegatronArgs {
+    /// Parse words of a command line (`--flag value`, `--flag=value`, switches). Words that
+    /// contain spaces (a `bash -c "..."` script) are split as shell words first.
+    pub fn parse<'a>(words: impl IntoIterator<Item = &'a str>) -> MegatronArgs {
+        let mut tokens: Vec<String> = Vec::new();
+        for w in words {
+            if w.contains(char::is_whitespace) {
+                tokens.extend(shell_words(w));
+            } else {
+                tokens.push(w.to_string());
+            }
+        }
+        let mut values = BTreeMap::new();
+        let mut i = 0;
+        while i < tokens.len() {
+            let t = &tokens[i];
+            i += 1;
+            if !t.starts_with("--") || t.len() <= 2 {
+                continue;
+            }
+            if let Some((k, v)) = t.split_once('=') {
+                values.insert(k.to_string(), Some(v.to_string()));
+                continue;
+            }
+            if SWITCHES.contains(&t.as_str()) {
+                values.insert(t.clone(), None);
+                continue;
+            }
+            let value = tokens.get(i).filter(|n| !n.starts_with("--")).cloned();
+            if value.is_some() {
+                i += 1;
+            }
+            values.insert(t.clone(), value);
+        }
+        MegatronArgs { values }
+    }
+
+    /// Whether a flag (switch or valued) is present.
+    pub fn has(&self, f: &str) -> bool {
+        self.values.contains_key(f)
+    }
+
+    /// The raw value of a flag.
+    pub fn get(&self, f: &str) -> Option<&str> {
+        self.values.get(f).and_then(|v| v.as_deref())
+    }
+
+    /// Whether any flag was found.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    fn num<T: std::str::FromStr>(&self, f: &str) -> Result<Option<T>, FieldError> {
+        match self.values.get(f) {
+            None => Ok(None),
+            Some(None) => Err(FieldError::new(f, "needs a value")),
+            Some(Some(v)) => v
+                .parse::<T>()
+                .map(Some)
+                .map_err(|_| FieldError::new(f, format!("{v:?} is not a valid number"))),
+        }
+    }
+
+    /// The layout these flags describe (defaults as Megatron's: sizes 1, no recompute, no
+    /// distributed optimizer). `layers` is needed to turn layers-per-virtual-stage into VPP.
+    pub fn layout(&self, layers: u32) -> Result<Layout, FieldError> {
+        let mut l = Layout {
+            sequence_parallel: self.has(flag::SP),
+            distributed_optimizer: self.has(flag::DIST_OPT),
+            fsdp: self.has(flag::FSDP),
+            tp_comm_overlap: self.has(flag::TP_COMM_OVERLAP),
+            overlap_grad_reduce: self.has(flag::OVERLAP_GRAD_REDUCE),
+            overlap_param_gather: self.has(flag::OVERLAP_PARAM_GATHER),
+            ..Layout::default()
+        };
+        l.tp = self.num(flag::TP)?.unwrap_or(1);
+        l.pp = self.num(flag::PP)?.unwrap_or(1);
+        l.cp = self.num(flag::CP)?.unwrap_or(1);
+        l.ep = self.num(flag::EP)?.unwrap_or(1);
+        l.etp = self.num(flag::ETP)?.unwrap_or(l.tp);
+        l.micro_batch_size = self.num(flag::MBS)?.unwrap_or(1);
+        l.first_stage_layers = self.num(flag::FIRST_STAGE_LAYERS)?;
+        l.last_stage_layers = self.num(flag::LAST_STAGE_LAYERS)?;
+        if let Some(v) = self.num::<u32>(flag::VPP_SIZE)? {
+            l.vpp = v;
+        } else if let Some(per_chunk) = self.num::<u32>(flag::VPP_LAYERS)? {
+            if per_chunk == 0 {
+                return Err(FieldError::new(flag::VPP_LAYERS, "must be greater than 0"));
+            }
+            let per_stage = layers / l.pp.max(1);
+            if per_stage % per_chunk != 0 {
+                return Err(FieldError::new(
+                    flag::VPP_LAYERS,
+                    format!(
+                        "{per_chunk} does not divide the {per_stage} layers per pipeline stage"
+                    ),
+                ));
+            }
+            l.vpp = per_stage / per_chunk;
+        }
+        l.schedule = if self.has(flag::ZERO_BUBBLE) {
+            Schedule::ZeroBubble
+        } else if l.vpp > 1 {
+            Schedule::Interleaved
+        } else {
+            Schedule::OneFOneB
+        };
+        l.recompute = match self.get(flag::RECOMPUTE_GRANULARITY) {
+            None if self.has(flag::RECOMPUTE_GRANULARITY) => {
+                return Err(FieldError::new(
+                    flag::RECOMPUTE_GRANULARITY,
+                    "needs a value: full or selective",
+                ));
+            }
+            None => Recompute::None,
+            Some("full") => Recompute::Full,
+            Some("selective") => Recompute::Selective,
+            Some(other) => {
+                return Err(FieldError::new(
+                    flag::RECOMPUTE_GRANULARITY,
+                    format!("{other:?} is not full or selective"),
+                ));
+            }
+        };
+        if l.recompute == Recompute::Full {
+            let n: u32 = self.num(flag::RECOMPUTE_NUM_LAYERS)?.unwrap_or(0);
+            let per_stage = layers.div_ceil(l.pp.max(1));
+            // `--recompute-method uniform` recomputes every layer in groups of n.
+            let block = self.get(flag::RECOMPUTE_METHOD) == Some("block");
+            l.recompute_layers = if block && n < per_stage { n } else { 0 };
+        }
+        Ok(l)
+    }
+
+    /// The training settings these flags give, when sequence length and global batch are set.
+    pub fn training(&self) -> Result<Option<Training>, FieldError> {
+        let (Some(seq), Some(gbs)) = (self.num(flag::SEQ)?, self.num(flag::GBS)?) else {
+            return Ok(None);
+        };
+        let precision = if self.has(flag::FP8_FORMAT) {
+            Precision::Fp8
+        } else {
+            Precision::Bf16
+        };
+        Ok(Some(Training {
+            seq_length: seq,
+            global_batch_size: gbs,
+            precision,
+        }))
+    }
+
+    /// The model card these flags describe, when the architecture flags are all present.
+    pub fn model_card(&self) -> Result<Option<ModelCard>, FieldError> {
+        let (Some(layers), Some(hidden), Some(heads)) = (
+            self.num::<u32>(flag::NUM_LAYERS)?,
+            self.num::<u64>(flag::HIDDEN)?,
+            self.num::<u32>(flag::HEADS)?,
+        ) else {
+            return Ok(None);
+        };
+        let vocab = match self.num::<u64>(flag::VOCAB)? {
+            Some(v) => v,
+            None => match self.num::<u64>(flag::VOCAB_ALT)? {
+                Some(v) => v,
+                None => return Ok(None),
+            },
+        };
+        let swiglu = self.has(flag::SWIGLU);
+        let ffn = self.num::<u64>(flag::FFN_HIDDEN)?.unwrap_or(4 * hidden);
+        let moe = match self.num::<u32>(flag::NUM_EXPERTS)? {
+            None => None,
+            Some(n) => {
+                let moe_ffn = self.num::<u64>(flag::MOE_FFN_HIDDEN)?.unwrap_or(ffn);
+                let shared = self.num::<u64>(flag::MOE_SHARED_FFN)?;
+                Some(MoeConfig {
+                    num_experts: n,
+                    top_k: self.num(flag::MOE_TOPK)?.unwrap_or(2),
+                    moe_ffn_hidden_size: moe_ffn,
+                    shared_experts: u32::from(shared.is_some()),
+                    shared_expert_ffn_hidden_size: shared,
+                    dense_layers: self.num(flag::MOE_FIRST_DENSE)?.unwrap_or(0),
+                    router: Default::default(),
+                    router_bias: false,
+                    capacity_factor: self.num(flag::MOE_CAPACITY)?,
+                })
+            }
+        };
+        let mla = if self.has(flag::MLA) {
+            Some(MlaConfig {
+                q_lora_rank: self.num(flag::Q_LORA)?,
+                kv_lora_rank: self.num(flag::KV_LORA)?.unwrap_or(512),
+                qk_nope_head_dim: self.num(flag::QK_HEAD_DIM)?.unwrap_or(128),
+                qk_rope_head_dim: self.num(flag::QK_POS_HEAD_DIM)?.unwrap_or(64),
+                v_head_dim: self.num(flag::V_HEAD_DIM)?.unwrap_or(128),
+            })
+        } else {
+            None
+        };
+        let kv_heads = if self.has(flag::GQA) || self.has(flag::QUERY_GROUPS) {
+            self.num(flag::QUERY_GROUPS)?
+        } else {
+            None
+        };
+        let norm = match self.get(flag::NORMALIZATION) {
+            Some("RMSNorm") => Norm::Rmsnorm,
+            _ => Norm::Layernorm,
+        };
+        Ok(Some(ModelCard {
+            name: "from-megatron-args".into(),
+            layers,
+            hidden_size: hidden,
+            ffn_hidden_size: ffn,
+            attention_heads: heads,
+            kv_heads,
+            head_dim: self.num(flag::KV_CHANNELS)?,
+            vocab_size: vocab,
+            tied_embeddings: !self.has(flag::UNTIE),
+            activation: if swiglu {
+                Activation::Swiglu
+            } else {
+                Activation::Gelu
+            },
+            norm,
+            qk_norm: self.has(flag::QK_LAYERNORM),
+            attention_bias: !self.has("--disable-bias-linear") || self.has("--add-qkv-bias"),
+            mlp_bias: !self.has("--disable-bias-linear"),
+            position_embeddings: 0,
+            attention_sinks: false,
+            sliding_window: None,
+            full_attention_every: None,
+            moe,
+            mla,
+            mtp_layers: self.num(flag::MTP_LAYERS)?.unwrap_or(0),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::HardwareProfile;
+    use crate::plan::Cluster;
+    use crate::profiles::Catalog;
+
+    fn scenario(model: &str, gpu: &str, gpus: u32) -> Scenario {
+        let c = Catalog::builtin().unwrap();
+        let hardware: HardwareProfile = c.hardware(gpu).unwrap().clone();
+        Scenario {
+            model: c.model(model).unwrap().clone(),
+            cluster: Cluster {
+                gpus,
+                gpus_per_node: hardware.gpus_per_node,
+            },
+            hardware,
+            training: Training {
+                seq_length: 8192,
+                global_batch_size: 128,
+                precision: Precision::Bf16,
+            },
+        }
+    }
+
+    #[test]
+    fn written_layout_flags_parse_back_to_the_same_layout() {
+        let s = scenario("llama3.1-70b", "mi300x", 64);
+        let cases = [
+            Layout {
+                tp: 4,
+                pp: 8,
+                vpp: 5,
+                schedule: Schedule::Interleaved,
+                ..Layout::default()
+            },
+            Layout {
+                tp: 8,
+                pp: 2,
+                micro_batch_size: 2,
+                recompute: Recompute::Full,
+                recompute_layers: 10,
+                ..Layout::default()
+            },
+            Layout {
+                tp: 2,
+                pp: 4,
+                cp: 2,
+                recompute: Recompute::Selective,
+                schedule: Schedule::ZeroBubble,
+                overlap_param_gather: true,
+                ..Layout::default()
+            },
+        ];
+        for l in cases {
+            let args = layout_args(&s, &l);
+            let parsed = MegatronArgs::parse(args.iter().map(String::as_str));
+            let mut back = parsed.layout(s.model.layers).unwrap();
+            // Dense models carry no EP/ETP flags; ETP defaults to 1 in the layout.
+            back.etp = l.etp;
+            assert_eq!(back, l, "flags {args:?}");
+            assert_eq!(parsed.training().unwrap(), Some(s.training));
+        }
+    }
+
+    #[test]
+    fn written_model_flags_parse_back_to_the_same_architecture() {
+        let c = Catalog::builtin().unwrap();
+        let m = c.model("llama3.1-70b").unwrap();
+        let args = model_args(m);
+        let back = MegatronArgs::parse(args.iter().map(String::as_str))
+            .model_card()
+            .unwrap()
+            .expect("complete architecture");
+        assert_eq!(back.layers, m.layers);
+        assert_eq!(back.hidden_size, m.hidden_size);
+        assert_eq!(back.ffn_hidden_size, m.ffn_hidden_size);
+        assert_eq!(back.kv_heads(), m.kv_heads());
+        assert_eq!(back.vocab_size, m.vocab_size);
+        assert_eq!(back.activation, m.activation);
+        assert_eq!(back.tied_embeddings, m.tied_embeddings);
+    }
+
+    #[test]
+    fn parses_equals_form_shell_scripts_and_layers_per_virtual_stage() {
+        let script = "torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 80 \
+            --tensor-model-parallel-size=4 --pipeline-model-parallel-size 8 \
+            --num-layers-per-virtual-pipeline-stage 2 --sequence-parallel \
+            --recompute-granularity 'selective' --seq-length 8192 --global-batch-size 128";
+        let a = MegatronArgs::parse(["bash", "-c", script]);
+        let l = a.layout(80).unwrap();
+        assert_eq!(
+            (l.tp, l.pp, l.vpp),
+            (4, 8, 5),
+            "80 layers / 8 stages / 2 per chunk"
+        );
+        assert_eq!(l.schedule, Schedule::Interleaved);
+        assert_eq!(l.recompute, Recompute::Selective);
+        assert!(l.sequence_parallel && !l.distributed_optimizer);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let a = MegatronArgs::parse(["--tensor-model-parallel-size", "four"]);
+        let e = a.layout(80).unwrap_err();
+        assert_eq!(e.field, "--tensor-model-parallel-size");
+        assert!(e.message.contains("\"four\""), "{e}");
+        let a = MegatronArgs::parse(["--recompute-granularity", "sometimes"]);
+        assert_eq!(a.layout(80).unwrap_err().field, "--recompute-granularity");
+        let a = MegatronArgs::parse([
+            "--num-layers-per-virtual-pipeline-stage",
+            "3",
+            "--pipeline-model-parallel-size",
+            "8",
+        ]);
+        assert!(
+            a.layout(80)
+                .unwrap_err()
+                .message
+                .contains("does not divide")
+        );
+    }
+
+    #[test]
+    fn shell_words_handle_quotes_and_escapes() {
+        assert_eq!(
+            shell_words(r#"a 'b c' "d \"e\"" f\ g; h"#),
+            vec!["a", "b c", "d \"e\"", "f g", "h"]
+        );
+    }
+}
