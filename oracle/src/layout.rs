@@ -4,6 +4,12 @@
 
 use serde::{Deserialize, Serialize};
 
+mod pipeline;
+mod rules;
+
+pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
+pub use rules::LayoutError;
+
 /// Activation recomputation granularity.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
@@ -94,7 +100,9 @@ pub struct Layout {
     /// Activation recomputation granularity.
     #[serde(default)]
     pub recompute: Recompute,
-    /// With full recompute: layers per pipeline stage that are recomputed (0 = all).
+    /// With full recompute: layers recomputed in each model chunk (the whole stage when
+    /// vpp = 1), counted from the chunk's first layer, as Megatron's `--recompute-method block
+    /// --recompute-num-layers N`; 0 = every layer.
     #[serde(default)]
     pub recompute_layers: u32,
     /// Sequence parallelism over the TP group (only meaningful with tp > 1).
@@ -115,6 +123,13 @@ pub struct Layout {
     /// Layers on the last pipeline stage when it differs from the even split.
     #[serde(default)]
     pub last_stage_layers: Option<u32>,
+    /// Megatron's `--pipeline-model-parallel-layout`: the contents of every virtual pipeline
+    /// stage, e.g. `Et|(tt|)*30mL` (E embedding, t decoder layer, m MTP layer, L loss, `|`
+    /// between stages, `(...)*n` repeats). Stage k runs on pipeline rank k % pp as model chunk
+    /// k / pp. Replaces firstStageLayers/lastStageLayers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    pub pipeline_layout: Option<PipelineLayout>,
     /// Overlap TP/SP collectives with GEMMs (Transformer Engine userbuffers).
     #[serde(default)]
     pub tp_comm_overlap: bool,
@@ -144,6 +159,7 @@ impl Default for Layout {
             schedule: Schedule::OneFOneB,
             first_stage_layers: None,
             last_stage_layers: None,
+            pipeline_layout: None,
             tp_comm_overlap: false,
             overlap_grad_reduce: true,
             overlap_param_gather: true,

@@ -10,6 +10,7 @@ pub mod error;
 pub mod hardware;
 pub mod layout;
 pub mod megatron;
+pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod profiles;

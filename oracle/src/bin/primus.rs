@@ -17,12 +17,16 @@ struct Cli {
 enum Command {
     /// List the built-in (and --profiles-dir) model cards and hardware profiles.
     Profiles(cli::profiles::Args),
+    /// Per-stage, per-GPU memory of the plan's layout (weights, gradients, optimizer,
+    /// activations, other) against the GPU's capacity.
+    Memory(cli::memory::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Profiles(a) => cli::profiles::run(a),
+        Command::Memory(a) => cli::memory::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

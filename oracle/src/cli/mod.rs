@@ -8,6 +8,7 @@ use crate::error::PlanError;
 use crate::plan::{Plan, load_plan};
 use crate::profiles::Catalog;
 
+pub mod memory;
 pub mod profiles;
 
 /// Output format of the reporting subcommands.

@@ -1,0 +1,345 @@
+//! Which decoder layers each pipeline rank and each of its virtual chunks holds: Megatron's
+//! even split, its uneven first/last-stage split, and its explicit
+//! `--pipeline-model-parallel-layout` string.
+//!
+//! Source: Megatron-LM `megatron/core/transformer/transformer_layer.py`
+//! (`get_transformer_layer_offset`, `get_num_layers_to_build`) and
+//! `megatron/core/transformer/pipeline_parallel_layer_layout.py`. Virtual stage k (0-based, in
+//! model order) runs on pipeline rank `k % pp` as its model chunk `k / pp`: with interleaving,
+//! chunk c of rank r holds the (c*pp + r)-th slice of the model.
+
+use std::fmt;
+use std::ops::Range;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::Layout;
+
+/// Most symbols a layout string may expand to (guards against `(t|)*999999999`).
+const MAX_EXPANDED_SYMBOLS: usize = 1 << 16;
+
+/// What one virtual pipeline stage of an explicit layout holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct StageSpec {
+    /// Decoder layers in this stage.
+    pub layers: u32,
+    /// Index of the stage's first decoder layer.
+    pub first_layer: u32,
+    /// The input embedding runs here (`E`).
+    pub embedding: bool,
+    /// MTP layers here (`m`).
+    pub mtp: u32,
+    /// The output layer and loss run here (`L`).
+    pub loss: bool,
+}
+
+/// A parsed `--pipeline-model-parallel-layout` string.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PipelineLayout {
+    text: String,
+    stages: Vec<StageSpec>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sym {
+    Embedding,
+    Layer,
+    Mtp,
+    Loss,
+    Sep,
+}
+
+struct Parser<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn err(&self, msg: impl fmt::Display) -> String {
+        format!("{msg} at position {} of the layout", self.pos)
+    }
+
+    fn skip_noise(&mut self) {
+        while self.pos < self.bytes.len()
+            && (self.bytes[self.pos] == b',' || self.bytes[self.pos].is_ascii_whitespace())
+        {
+            self.pos += 1;
+        }
+    }
+
+    fn repeat(&mut self) -> Result<usize, String> {
+        self.skip_noise();
+        if self.bytes.get(self.pos) != Some(&b'*') {
+            return Ok(1);
+        }
+        self.pos += 1;
+        let start = self.pos;
+        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_digit() {
+            self.pos += 1;
+        }
+        std::str::from_utf8(&self.bytes[start..self.pos])
+            .ok()
+            .and_then(|d| d.parse::<usize>().ok())
+            .ok_or_else(|| self.err("expected a repeat count after `*`"))
+    }
+
+    /// Parse a sequence until `)` or the end, appending the expansion to `out`.
+    fn sequence(&mut self, out: &mut Vec<Sym>, nested: bool) -> Result<(), String> {
+        loop {
+            self.skip_noise();
+            let Some(&b) = self.bytes.get(self.pos) else {
+                return if nested {
+                    Err(self.err("unclosed `(`"))
+                } else {
+                    Ok(())
+                };
+            };
+            let item: Vec<Sym> = match b {
+                b')' if nested => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                b'(' => {
+                    self.pos += 1;
+                    let mut inner = Vec::new();
+                    self.sequence(&mut inner, true)?;
+                    inner
+                }
+                b'E' => vec![Sym::Embedding],
+                b't' => vec![Sym::Layer],
+                b'm' => vec![Sym::Mtp],
+                b'L' => vec![Sym::Loss],
+                b'|' => vec![Sym::Sep],
+                other => {
+                    return Err(self.err(format!(
+                        "unexpected {:?} (expected E, t, m, L, |, (, ) or *n)",
+                        other as char
+                    )));
+                }
+            };
+            if !matches!(b, b'(') {
+                self.pos += 1;
+            }
+            let n = self.repeat()?;
+            if out.len() + item.len().saturating_mul(n) > MAX_EXPANDED_SYMBOLS {
+                return Err(self.err("the layout expands to too many symbols"));
+            }
+            for _ in 0..n {
+                out.extend_from_slice(&item);
+            }
+        }
+    }
+}
+
+impl PipelineLayout {
+    /// Parse Megatron's layout syntax; the error says what is wrong and where.
+    pub fn parse(text: &str) -> Result<PipelineLayout, String> {
+        let mut p = Parser {
+            bytes: text.as_bytes(),
+            pos: 0,
+        };
+        let mut syms = Vec::new();
+        p.sequence(&mut syms, false)?;
+        let mut stages = vec![StageSpec::default()];
+        let mut next_layer = 0u32;
+        for s in syms {
+            let cur = stages.last_mut().expect("at least one stage");
+            match s {
+                Sym::Sep => stages.push(StageSpec {
+                    first_layer: next_layer,
+                    ..StageSpec::default()
+                }),
+                Sym::Layer => {
+                    cur.layers += 1;
+                    next_layer += 1;
+                }
+                Sym::Embedding => cur.embedding = true,
+                Sym::Mtp => cur.mtp += 1,
+                Sym::Loss => cur.loss = true,
+            }
+        }
+        let emb: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].embedding).collect();
+        let loss: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].loss).collect();
+        if emb != [0] {
+            return Err("the embedding `E` must appear once, in the first stage".into());
+        }
+        if loss != [stages.len() - 1] {
+            return Err("the loss `L` must appear once, in the last stage".into());
+        }
+        Ok(PipelineLayout {
+            text: text.to_string(),
+            stages,
+        })
+    }
+
+    /// The layout string as given.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Virtual stages, in model order.
+    pub fn stages(&self) -> &[StageSpec] {
+        &self.stages
+    }
+
+    /// Decoder layers over all stages.
+    pub fn layers(&self) -> u32 {
+        self.stages.iter().map(|s| s.layers).sum()
+    }
+
+    /// MTP layers over all stages.
+    pub fn mtp_layers(&self) -> u32 {
+        self.stages.iter().map(|s| s.mtp).sum()
+    }
+}
+
+impl fmt::Display for PipelineLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for PipelineLayout {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for PipelineLayout {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        PipelineLayout::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What one virtual pipeline stage (one model chunk of one rank) holds, for any way of
+/// splitting the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VirtualStage {
+    /// Global decoder-layer indices of the chunk.
+    pub first_layer: u32,
+    pub layers: u32,
+    /// The input embedding runs in this chunk.
+    pub embedding: bool,
+    /// The final norm, output layer and loss run in this chunk.
+    pub loss: bool,
+    /// MTP layers in this chunk.
+    pub mtp: u32,
+}
+
+impl VirtualStage {
+    pub fn range(&self) -> Range<u32> {
+        self.first_layer..self.first_layer + self.layers
+    }
+}
+
+impl Layout {
+    /// Virtual stages per pipeline rank: `vpp`, or what an explicit layout implies.
+    pub fn chunks(&self) -> u32 {
+        match &self.pipeline_layout {
+            Some(pl) => (pl.stages.len() as u32 / self.pp.max(1)).max(1),
+            None => self.vpp.max(1),
+        }
+    }
+
+    /// Decoder layers in each chunk of pipeline rank `rank` (Megatron gives every chunk of a
+    /// rank the same count with the first/last split), for a model of `layers` layers. For an
+    /// explicit layout, the count of its chunk 0.
+    pub fn chunk_layers(&self, layers: u32, rank: u32) -> u32 {
+        self.virtual_stage(layers, 0, rank, 0).layers
+    }
+
+    /// Contents of model chunk `chunk` of pipeline rank `rank`, for a model of `layers`
+    /// decoder layers and `mtp_layers` MTP layers (which Megatron places with the loss, on the
+    /// last stage, unless the layout says otherwise). O(1), no allocation. The layout is
+    /// assumed legal ([`Layout::check`]).
+    pub fn virtual_stage(&self, layers: u32, mtp_layers: u32, rank: u32, chunk: u32) -> VirtualStage {
+        let pp = self.pp.max(1);
+        let k = (chunk * pp + rank) as usize;
+        if let Some(pl) = &self.pipeline_layout {
+            let s = pl.stages.get(k).copied().unwrap_or_default();
+            return VirtualStage {
+                first_layer: s.first_layer,
+                layers: s.layers,
+                embedding: s.embedding,
+                loss: s.loss,
+                mtp: s.mtp,
+            };
+        }
+        let vpp = self.vpp.max(1);
+        let last_k = (pp * vpp - 1) as usize;
+        let (first_layer, n) = match (self.first_stage_layers, self.last_stage_layers) {
+            (None, None) => {
+                let per_chunk = layers / (pp * vpp);
+                (k as u32 * per_chunk, per_chunk)
+            }
+            (first, last) => {
+                // Megatron's uneven split: the first and last stages get the given counts, the
+                // middle stages split the rest evenly; every count is divided evenly over the
+                // rank's vpp chunks (get_transformer_layer_offset).
+                let f = first.unwrap_or(0);
+                let l = last.unwrap_or(0);
+                let middle_stages = pp - first.is_some() as u32 - last.is_some() as u32;
+                let middle_per_chunk = if middle_stages > 0 {
+                    layers.saturating_sub(f + l) / middle_stages / vpp
+                } else {
+                    0
+                };
+                let first_chunk = if first.is_some() {
+                    f / vpp
+                } else {
+                    middle_per_chunk
+                };
+                let last_chunk = if last.is_some() {
+                    l / vpp
+                } else {
+                    middle_per_chunk
+                };
+                let per_round = layers / vpp;
+                let n = if rank == 0 {
+                    first_chunk
+                } else if rank == pp - 1 {
+                    last_chunk
+                } else {
+                    middle_per_chunk
+                };
+                let before = if rank == 0 {
+                    0
+                } else {
+                    first_chunk + (rank - 1) * middle_per_chunk
+                };
+                (chunk * per_round + before, n)
+            }
+        };
+        let loss = k == last_k;
+        VirtualStage {
+            first_layer,
+            layers: n,
+            embedding: k == 0,
+            loss,
+            mtp: if loss { mtp_layers } else { 0 },
+        }
+    }
+
+    /// Global decoder-layer index ranges held by each pipeline rank and each of its virtual
+    /// chunks: `result[rank][chunk]` (pp ranks x chunks), Megatron's assignment (with
+    /// interleaving, chunk c of rank r holds the (c*pp + r)-th slice), honouring
+    /// first_stage_layers / last_stage_layers (the first and last stage get the given counts,
+    /// the rest is split evenly over the middle stages) or an explicit pipeline layout.
+    pub fn layer_ranges(&self, layers: u32) -> Vec<Vec<Range<u32>>> {
+        (0..self.pp.max(1))
+            .map(|r| {
+                (0..self.chunks())
+                    .map(|c| self.virtual_stage(layers, 0, r, c).range())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Decoder layers held by pipeline rank `rank` over all its chunks.
+    pub fn stage_layers(&self, layers: u32, rank: u32) -> u32 {
+        (0..self.chunks())
+            .map(|c| self.virtual_stage(layers, 0, rank, c).layers)
+            .sum()
+    }
+}

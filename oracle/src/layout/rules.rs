@@ -1,0 +1,450 @@
+//! Legality rules of a layout against a scenario: each broken rule gives one reason, naming
+//! the field to change. The rules are Megatron-LM's own asserts (argument validation in
+//! `megatron/training/arguments.py`, `megatron/core/parallel_state.py`,
+//! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
+
+use super::{Layout, Recompute, Schedule};
+use crate::plan::Scenario;
+
+/// One broken legality rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct LayoutError {
+    /// Short stable id of the rule, e.g. `tp-divides-heads`.
+    pub rule: &'static str,
+    /// Dotted path of the field to change, e.g. `spec.parallelism.tp`.
+    pub field: String,
+    /// What is wrong, in words a user can act on.
+    pub message: String,
+}
+
+impl LayoutError {
+    fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
+        LayoutError {
+            rule,
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<LayoutError> for crate::error::FieldError {
+    fn from(e: LayoutError) -> Self {
+        crate::error::FieldError::new(e.field, e.message)
+    }
+}
+
+const P: &str = "spec.parallelism";
+
+fn field(name: &str) -> String {
+    format!("{P}.{name}")
+}
+
+fn fail<T>(rule: &'static str, name: &str, message: impl Into<String>) -> Result<T, LayoutError> {
+    Err(LayoutError::new(rule, &field(name), message))
+}
+
+impl Layout {
+    /// Micro-batches per iteration per pipeline: globalBatchSize / (microBatchSize * dp); 0 when
+    /// the layout does not divide the cluster.
+    pub fn num_microbatches(&self, s: &Scenario) -> u64 {
+        match self.dp(s.cluster.gpus) {
+            Some(dp) if self.micro_batch_size > 0 => {
+                s.training.global_batch_size / (self.micro_batch_size as u64 * dp as u64)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Check every legality rule against the scenario; the first broken rule.
+    pub fn check(&self, s: &Scenario) -> Result<(), LayoutError> {
+        self.check_sizes()?;
+        self.check_grid(s)?;
+        self.check_tensor_parallel(s)?;
+        self.check_pipeline(s)?;
+        self.check_experts(s)?;
+        self.check_sequence(s)?;
+        self.check_batch(s)?;
+        self.check_schedule(s)?;
+        self.check_recompute(s)?;
+        Ok(())
+    }
+
+    fn check_sizes(&self) -> Result<(), LayoutError> {
+        for (name, v) in [
+            ("tp", self.tp),
+            ("pp", self.pp),
+            ("vpp", self.vpp),
+            ("cp", self.cp),
+            ("ep", self.ep),
+            ("etp", self.etp),
+            ("microBatchSize", self.micro_batch_size),
+        ] {
+            if v == 0 {
+                return fail("positive", name, "must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    fn check_grid(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let gpus = s.cluster.gpus;
+        let mp = self.model_parallel_size();
+        if gpus % mp != 0 {
+            return Err(LayoutError::new(
+                "gpus-divisible",
+                "spec.cluster.gpus",
+                format!(
+                    "{gpus} GPUs are not divisible by tp*pp*cp = {}*{}*{} = {mp}",
+                    self.tp, self.pp, self.cp
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_tensor_parallel(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let m = &s.model;
+        let tp = self.tp;
+        if m.attention_heads % tp != 0 {
+            return fail(
+                "tp-divides-heads",
+                "tp",
+                format!(
+                    "{tp} does not divide the model's {} attention heads",
+                    m.attention_heads
+                ),
+            );
+        }
+        // Megatron: num_query_groups % tensor_model_parallel_size == 0 (MLA has no groups).
+        if m.mla.is_none() && m.kv_heads() % tp != 0 {
+            return fail(
+                "tp-divides-kv-heads",
+                "tp",
+                format!(
+                    "{tp} does not divide the model's {} key/value heads (GQA groups); Megatron splits whole groups over TP",
+                    m.kv_heads()
+                ),
+            );
+        }
+        if m.dense_layer_count() > 0 && m.ffn_hidden_size % tp as u64 != 0 {
+            return fail(
+                "tp-divides-ffn",
+                "tp",
+                format!(
+                    "{tp} does not divide ffnHiddenSize {}",
+                    m.ffn_hidden_size
+                ),
+            );
+        }
+        let shared = m.shared_expert_ffn();
+        if shared > 0 && shared % tp as u64 != 0 {
+            return fail(
+                "tp-divides-ffn",
+                "tp",
+                format!("{tp} does not divide the shared experts' FFN size {shared}"),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_pipeline(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let layers = s.model.layers;
+        let (pp, vpp) = (self.pp, self.vpp);
+        if vpp > 1 && pp == 1 {
+            return fail(
+                "vpp-needs-pp",
+                "vpp",
+                format!("{vpp} virtual stages need pp > 1"),
+            );
+        }
+        if let Some(pl) = &self.pipeline_layout {
+            if self.first_stage_layers.is_some() || self.last_stage_layers.is_some() {
+                return fail(
+                    "pipeline-layout-exclusive",
+                    "pipelineLayout",
+                    "give either pipelineLayout or firstStageLayers/lastStageLayers, not both",
+                );
+            }
+            let stages = pl.stages().len() as u32;
+            if stages != pp * vpp {
+                return fail(
+                    "pipeline-layout-stages",
+                    "pipelineLayout",
+                    format!(
+                        "has {stages} stages, but pp*vpp = {pp}*{vpp} = {} (one per virtual stage)",
+                        pp * vpp
+                    ),
+                );
+            }
+            if pl.layers() != layers {
+                return fail(
+                    "pipeline-layout-layers",
+                    "pipelineLayout",
+                    format!(
+                        "places {} decoder layers `t`, the model has {layers}",
+                        pl.layers()
+                    ),
+                );
+            }
+            if pl.mtp_layers() != s.model.mtp_layers {
+                return fail(
+                    "pipeline-layout-layers",
+                    "pipelineLayout",
+                    format!(
+                        "places {} MTP layers `m`, the model has {}",
+                        pl.mtp_layers(),
+                        s.model.mtp_layers
+                    ),
+                );
+            }
+            return Ok(());
+        }
+        let (first, last) = (self.first_stage_layers, self.last_stage_layers);
+        if first.is_none() && last.is_none() {
+            if layers % (pp * vpp) != 0 {
+                return fail(
+                    "pp-divides-layers",
+                    "pp",
+                    format!(
+                        "the model's {layers} layers do not split evenly over pp*vpp = {pp}*{vpp} = {} chunks; set firstStageLayers/lastStageLayers or pipelineLayout for an uneven split",
+                        pp * vpp
+                    ),
+                );
+            }
+            return Ok(());
+        }
+        let name = if first.is_some() {
+            "firstStageLayers"
+        } else {
+            "lastStageLayers"
+        };
+        if pp == 1 {
+            return fail("uneven-split", name, "an uneven pipeline split needs pp > 1");
+        }
+        let (f, l) = (first.unwrap_or(0), last.unwrap_or(0));
+        if f + l > layers {
+            return fail(
+                "uneven-split",
+                name,
+                format!("first + last stage layers {} exceed the model's {layers}", f + l),
+            );
+        }
+        for (n, v) in [("firstStageLayers", first), ("lastStageLayers", last)] {
+            if let Some(v) = v
+                && v % vpp != 0
+            {
+                return fail(
+                    "uneven-split",
+                    n,
+                    format!("{v} layers do not split evenly over vpp = {vpp} chunks"),
+                );
+            }
+        }
+        let middle_stages = pp - first.is_some() as u32 - last.is_some() as u32;
+        let middle = layers - f - l;
+        if middle_stages == 0 {
+            if middle != 0 {
+                return fail(
+                    "uneven-split",
+                    name,
+                    format!(
+                        "with pp = {pp} there are no middle stages, so first + last must be the model's {layers} layers (got {})",
+                        f + l
+                    ),
+                );
+            }
+        } else if middle == 0 || middle % (middle_stages * vpp) != 0 {
+            return fail(
+                "uneven-split",
+                name,
+                format!(
+                    "the remaining {middle} layers do not split evenly (and non-empty) over the {middle_stages} middle stages x vpp = {vpp} chunks"
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_schedule(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let chunks = self.chunks();
+        match self.schedule {
+            Schedule::Interleaved => {
+                if chunks < 2 {
+                    return fail(
+                        "interleaved-needs-vpp",
+                        "schedule",
+                        "interleaved needs vpp > 1 model chunks per rank (got 1)",
+                    );
+                }
+                // schedules.py: microbatch_group_size_per_vp_stage (default pp) must lie in
+                // [pp, m], and m % group must be 0 or >= pp: with the default, m % pp == 0.
+                let m = self.num_microbatches(s);
+                let pp = self.pp as u64;
+                if m < pp || m % pp != 0 {
+                    return Err(LayoutError::new(
+                        "interleaved-microbatches",
+                        "spec.training.globalBatchSize",
+                        format!(
+                            "the interleaved schedule needs the number of micro-batches ({m}) to be a multiple of pp = {pp} (Megatron's schedule groups micro-batches by pp)"
+                        ),
+                    ));
+                }
+            }
+            Schedule::OneFOneB | Schedule::ZeroBubble => {
+                if chunks > 1 {
+                    return fail(
+                        "vpp-needs-interleaved",
+                        "schedule",
+                        format!(
+                            "{} runs one model chunk per rank; vpp = {chunks} needs schedule interleaved",
+                            self.schedule.as_str()
+                        ),
+                    );
+                }
+                if self.schedule == Schedule::ZeroBubble && self.pp < 2 {
+                    return fail(
+                        "zero-bubble-needs-pp",
+                        "schedule",
+                        "zero-bubble (ZB-H1) schedules a pipeline: it needs pp > 1",
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_experts(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let Some(moe) = &s.model.moe else {
+            if self.ep > 1 || self.etp > 1 {
+                let name = if self.ep > 1 { "ep" } else { "etp" };
+                return fail(
+                    "ep-needs-moe",
+                    name,
+                    "expert parallelism needs a mixture-of-experts model",
+                );
+            }
+            return Ok(());
+        };
+        if moe.num_experts % self.ep != 0 {
+            return fail(
+                "ep-divides-experts",
+                "ep",
+                format!(
+                    "{} does not divide the model's {} experts",
+                    self.ep, moe.num_experts
+                ),
+            );
+        }
+        if moe.moe_ffn_hidden_size % self.etp as u64 != 0 {
+            return fail(
+                "etp-divides-moe-ffn",
+                "etp",
+                format!(
+                    "{} does not divide moeFfnHiddenSize {}",
+                    self.etp, moe.moe_ffn_hidden_size
+                ),
+            );
+        }
+        // MoE parallel folding (parallel_state.initialize_model_parallel): the GPUs of one
+        // pipeline stage (tp*cp*dp) are regrouped as etp*ep*edp.
+        let per_stage = s.cluster.gpus / self.pp;
+        let grid = self.ep * self.etp;
+        if per_stage % grid != 0 {
+            return fail(
+                "expert-grid-fits",
+                "ep",
+                format!(
+                    "ep*etp = {}*{} = {grid} does not divide the {per_stage} GPUs of one pipeline stage (tp*cp*dp); MoE parallel folding needs it",
+                    self.ep, self.etp
+                ),
+            );
+        }
+        // Megatron-Core asserts sequence parallelism for MoE with tensor parallelism.
+        if self.tp > 1 && !self.sequence_parallel {
+            return fail(
+                "moe-needs-sp",
+                "sequenceParallel",
+                "a mixture-of-experts model with tp > 1 needs sequence parallelism",
+            );
+        }
+        Ok(())
+    }
+
+    fn check_sequence(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let seq = s.training.seq_length;
+        let cp = self.cp as u64;
+        // Load-balanced context parallelism splits each sequence into 2*cp chunks.
+        if cp > 1 && seq % (2 * cp) != 0 {
+            return fail(
+                "cp-divides-seq",
+                "cp",
+                format!(
+                    "seqLength {seq} is not divisible by 2*cp = {} (context parallelism splits each sequence into 2*cp chunks)",
+                    2 * cp
+                ),
+            );
+        }
+        if self.sp() && (seq / cp) % self.tp as u64 != 0 {
+            return fail(
+                "sp-divides-seq",
+                "sequenceParallel",
+                format!(
+                    "the {} tokens per context-parallel rank are not divisible by tp = {} (sequence parallelism splits them over TP)",
+                    seq / cp,
+                    self.tp
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_batch(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let dp = self.dp(s.cluster.gpus).unwrap_or(1) as u64;
+        let mbs = self.micro_batch_size as u64;
+        let gbs = s.training.global_batch_size;
+        if gbs % (mbs * dp) != 0 {
+            return Err(LayoutError::new(
+                "gbs-divisible",
+                "spec.training.globalBatchSize",
+                format!(
+                    "{gbs} is not divisible by microBatchSize*dp = {mbs}*{dp} = {}",
+                    mbs * dp
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_recompute(&self, s: &Scenario) -> Result<(), LayoutError> {
+        if self.recompute_layers == 0 {
+            return Ok(());
+        }
+        if self.recompute != Recompute::Full {
+            return fail(
+                "recompute-layers-need-full",
+                "recomputeLayers",
+                format!(
+                    "recomputeLayers counts fully recomputed layers: it needs recompute full (got {})",
+                    self.recompute.as_str()
+                ),
+            );
+        }
+        let most = (0..self.pp)
+            .flat_map(|r| (0..self.chunks()).map(move |c| (r, c)))
+            .map(|(r, c)| self.virtual_stage(s.model.layers, 0, r, c).layers)
+            .max()
+            .unwrap_or(0);
+        if self.recompute_layers > most {
+            return fail(
+                "recompute-layers-fit",
+                "recomputeLayers",
+                format!(
+                    "{} exceeds the {most} layers of the largest model chunk (use 0 to recompute every layer)",
+                    self.recompute_layers
+                ),
+            );
+        }
+        Ok(())
+    }
+}

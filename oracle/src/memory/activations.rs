@@ -1,0 +1,338 @@
+//! Activation memory: bytes one decoder layer keeps for its backward pass per micro-batch, and
+//! how many micro-batches each pipeline schedule keeps in flight.
+//!
+//! The per-layer accounting follows Korthikanti et al. 2022, "Reducing Activation Recomputation
+//! in Large Transformer Models", section 4, generalised from its GPT regime (GELU MLP of 4h,
+//! multi-head attention, dropout, no flash attention, 16-bit activations):
+//!   no parallelism                       s*b*h*(34 + 5*a*s/h)
+//!   tensor parallel t                    s*b*h*(10 + 24/t + 5*a*s/(h*t))
+//!   tensor + sequence parallel           s*b*h*(34 + 5*a*s/h)/t
+//!   ... + selective recompute            34*s*b*h/t
+//!   full recompute                       2*s*b*h (divided by t with sequence parallelism)
+//! Every term below is named after the tensor it counts; with the paper's regime the terms add
+//! up to exactly those formulas (tests check it).
+
+use crate::layout::{Layout, Schedule};
+use crate::model::{Activation, LayerKind, ModelCard};
+use crate::plan::Precision;
+
+/// Bytes per element of 16-bit activations (BF16).
+pub const ACT_BYTES: f64 = 2.0;
+/// Bytes per element of FP32 tensors (softmax statistics, router scores, logits for the loss).
+pub const FP32_BYTES: f64 = 4.0;
+/// Bytes per element of a dropout mask or a routing map (Korthikanti: 1 byte).
+pub const MASK_BYTES: f64 = 1.0;
+/// Bytes per element of a linear layer's saved input under FP8 training: Transformer Engine
+/// casts GEMM inputs to FP8 and keeps that copy for the weight-gradient GEMM.
+pub const FP8_ACT_BYTES: f64 = 1.0;
+/// Dropless MoE routing: tokens an expert-parallel rank receives, relative to the average
+/// (top_k x its local tokens). 1.0 = perfectly balanced; a calibration point, since the real
+/// per-micro-batch imbalance depends on the router's balancing.
+pub const MOE_DROPLESS_LOAD_FACTOR: f64 = 1.0;
+
+/// Knobs of the activation model that are not part of a layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Fused (flash) attention: no s x s score matrices are stored, only the softmax
+    /// log-sum-exp statistics (fp32, one per head and token). On by default: Transformer
+    /// Engine / Megatron-Core use fused attention whenever it is available.
+    pub flash_attention: bool,
+    /// Hidden and attention dropout (p > 0): 1-byte masks are kept (and, without flash, the
+    /// dropped-out attention probabilities). Megatron's GPT recipes train with 0.1; Llama,
+    /// Mixtral, Qwen, DeepSeek and gpt-oss recipes train without. Off by default.
+    pub dropout: bool,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            flash_attention: true,
+            dropout: false,
+        }
+    }
+}
+
+/// Bytes one layer keeps per token of a micro-batch, grouped by how they divide over the
+/// parallel ranks. Per GPU and micro-batch: `tokens * (seq/t_sp + tensor/t + whole +
+/// expert/t_sp) + tokens * keys * score / t`, with `tokens = s*b/cp` and `t_sp = t` under
+/// sequence parallelism, else 1.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ActivationTerms {
+    /// Split over the sequence by sequence parallelism, replicated over TP without it: norm
+    /// inputs, inputs of column-parallel linears, dropout masks, router tensors.
+    pub seq: f64,
+    /// Split over TP (heads, FFN width): Q/K/V, attention output, MLP activations.
+    pub tensor: f64,
+    /// Held whole by every TP rank: MLA latents gathered over the sequence for the
+    /// up-projections.
+    pub whole: f64,
+    /// Routed-expert tensors, per local token (the EP/ETP split is already applied).
+    pub expert: f64,
+    /// Attention score matrices (no flash attention), bytes per token per key, split over TP.
+    pub score: f64,
+}
+
+impl ActivationTerms {
+    /// Bytes per micro-batch on one GPU.
+    pub fn bytes(&self, tokens: f64, keys: f64, tp: f64, tp_sp: f64) -> f64 {
+        tokens * (self.seq / tp_sp + self.tensor / tp + self.whole + self.expert / tp_sp)
+            + tokens * keys * self.score / tp
+    }
+}
+
+/// How a layer's activations are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Everything the backward pass needs.
+    All,
+    /// Everything but the attention core (Korthikanti's selective recompute).
+    Selective,
+    /// Only the layer's input (full recompute).
+    Input,
+}
+
+/// Bytes per element of a saved linear-layer input: 2 (BF16), 1 under FP8.
+fn linear_input_bytes(precision: Precision) -> f64 {
+    match precision {
+        Precision::Bf16 => ACT_BYTES,
+        Precision::Fp8 => FP8_ACT_BYTES,
+    }
+}
+
+/// Bytes per token of the first MLP projection's output (the activation function's input,
+/// 16-bit) and of the activation's output (the second projection's input, `lin` bytes), for
+/// FFN width `f`: SwiGLU keeps gate and up (2f elements) and their product (f); GELU keeps its
+/// input (f) and output (f). With f = 4h, GELU gives Korthikanti's 8sbh + 8sbh.
+fn mlp_act(card: &ModelCard, f: u64, lin: f64) -> (f64, f64) {
+    let f = f as f64;
+    match card.activation {
+        Activation::Swiglu => (ACT_BYTES * 2.0 * f, lin * f),
+        Activation::Gelu => (ACT_BYTES * f, lin * f),
+    }
+}
+
+/// Tokens each local token becomes on the expert side: top_k x (capacity factor, or the
+/// dropless load factor).
+fn expert_copies(card: &ModelCard) -> f64 {
+    match &card.moe {
+        Some(m) => m.top_k as f64 * m.capacity_factor.unwrap_or(MOE_DROPLESS_LOAD_FACTOR),
+        None => 0.0,
+    }
+}
+
+/// Per-token bytes one decoder layer keeps (see [`ActivationTerms`]). `etp` is the expert
+/// tensor-parallel size (each expert-side token is gathered over it); under FP8 the saved
+/// inputs of linear layers take 1 byte per element (norm inputs, attention tensors and
+/// activation-function inputs stay 16-bit).
+pub fn layer_terms(
+    card: &ModelCard,
+    kind: LayerKind,
+    keep: Keep,
+    etp: u32,
+    precision: Precision,
+    opts: &MemoryOptions,
+) -> ActivationTerms {
+    let lin = linear_input_bytes(precision);
+    let h = card.hidden_size as f64;
+    let a = card.attention_heads as f64;
+    let mut t = ActivationTerms::default();
+    if keep == Keep::Input {
+        // Full recompute keeps the layer input only: 2sbh (Korthikanti eq. 3 regime).
+        t.seq = ACT_BYTES * h;
+        return t;
+    }
+    let drop = if opts.dropout { MASK_BYTES * h } else { 0.0 };
+    // Attention.
+    let ln1_input = ACT_BYTES * h;
+    let attn_dropout_mask = drop;
+    t.seq += ln1_input + attn_dropout_mask;
+    if let Some(m) = &card.mla {
+        let q_lora = m.q_lora_rank.unwrap_or(0) as f64;
+        let kv_lora = m.kv_lora_rank as f64;
+        let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+        let v = m.v_head_dim as f64;
+        // Megatron-Core MLA: the down-projections run on the sequence-parallel input (kept
+        // once for both), the latents are normed, then gathered over the sequence for the
+        // TP-split up-projections.
+        let down_input = lin * h;
+        let latent_norm_inputs = ACT_BYTES * (q_lora + kv_lora);
+        let up_inputs = lin * (q_lora + kv_lora);
+        t.seq += down_input + latent_norm_inputs;
+        t.whole += up_inputs;
+        let q = ACT_BYTES * a * qk;
+        let k = ACT_BYTES * a * qk;
+        let v_ = ACT_BYTES * a * v;
+        let proj_input = lin * a * v;
+        t.tensor += q + k + v_ + proj_input;
+    } else {
+        let d = card.head_dim() as f64;
+        let g = card.kv_heads() as f64;
+        // QKV input 2sbh; Q and K 4sbh and V 2sbh with MHA (GQA shrinks K and V to g heads);
+        // the output projection's input 2sbh.
+        let qkv_input = lin * h;
+        let q = ACT_BYTES * a * d;
+        let k = ACT_BYTES * g * d;
+        let v = ACT_BYTES * g * d;
+        let proj_input = lin * a * d;
+        t.seq += qkv_input;
+        t.tensor += q + k + v + proj_input;
+    }
+    if keep == Keep::All {
+        if opts.flash_attention {
+            // Flash attention keeps the fp32 log-sum-exp per head and query, not the scores.
+            t.tensor += FP32_BYTES * a;
+        } else {
+            // Softmax output 2as^2b; with dropout also its mask as^2b and the dropped-out
+            // probabilities 2as^2b: Korthikanti's 5as^2b.
+            let softmax = ACT_BYTES * a;
+            let dropout = if opts.dropout {
+                (MASK_BYTES + ACT_BYTES) * a
+            } else {
+                0.0
+            };
+            t.score += softmax + dropout;
+        }
+    }
+    // MLP.
+    let ln2_input = ACT_BYTES * h;
+    let mlp_dropout_mask = drop;
+    let mlp_input = lin * h;
+    t.seq += ln2_input + mlp_input + mlp_dropout_mask;
+    match (kind, &card.moe) {
+        (LayerKind::Moe, Some(m)) => {
+            let e = m.num_experts as f64;
+            // Router: fp32 scores (softmax/sigmoid output), the routing map, top-k probs.
+            let router = FP32_BYTES * e + MASK_BYTES * e + FP32_BYTES * m.top_k as f64;
+            t.seq += router;
+            let shared = card.shared_expert_ffn();
+            if shared > 0 {
+                let (act_in, act_out) = mlp_act(card, shared, lin);
+                t.tensor += act_in + act_out;
+            }
+            // Expert side, per local token: k copies (x load factor), each gathered over ETP
+            // for fc1 (its input h), the activation of the whole expert FFN (split over ETP,
+            // times ETP tokens: ETP cancels) and the routing probability (fp32), which
+            // Megatron-Core applies inside the activation function
+            // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
+            // keeps no expert output.
+            let copies = expert_copies(card);
+            let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
+            let fc1_input = lin * h * etp.max(1) as f64;
+            let prob = FP32_BYTES;
+            t.expert += copies * (fc1_input + act_in + act_out + prob);
+        }
+        _ => {
+            let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
+            t.tensor += act_in + act_out;
+        }
+    }
+    t
+}
+
+/// Per-token bytes a layer still holds while its weight-gradient (W) pass is deferred by a
+/// zero-bubble schedule: the inputs of its linear layers and the gradients of their outputs
+/// (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2: W needs X and dY).
+pub fn wgrad_terms(card: &ModelCard, kind: LayerKind, etp: u32) -> ActivationTerms {
+    let h = card.hidden_size as f64;
+    let a = card.attention_heads as f64;
+    let mut t = ActivationTerms::default();
+    // Attention linears: input (sequence-split) and output-projection output gradient.
+    t.seq += ACT_BYTES * h + ACT_BYTES * h;
+    if let Some(m) = &card.mla {
+        let q_lora = m.q_lora_rank.unwrap_or(0) as f64;
+        let kv_lora = m.kv_lora_rank as f64;
+        let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+        let v = m.v_head_dim as f64;
+        // Up-projection inputs and the latents' gradients.
+        t.whole += 2.0 * ACT_BYTES * (q_lora + kv_lora) + ACT_BYTES * m.qk_rope_head_dim as f64;
+        // Up-projection output gradients (Q, K_nope, V) and the output projection's input.
+        t.tensor += ACT_BYTES * a * (qk + m.qk_nope_head_dim as f64 + v) + ACT_BYTES * a * v;
+    } else {
+        let d = card.head_dim() as f64;
+        let g = card.kv_heads() as f64;
+        // QKV output gradient and output-projection input.
+        t.tensor += ACT_BYTES * (a * d + 2.0 * g * d) + ACT_BYTES * a * d;
+    }
+    // MLP linears: fc1 input and fc2 output gradient (sequence-split), fc1 output gradient
+    // and fc2 input (TP-split).
+    t.seq += ACT_BYTES * h + ACT_BYTES * h;
+    match (kind, &card.moe) {
+        (LayerKind::Moe, Some(m)) => {
+            let shared = card.shared_expert_ffn();
+            if shared > 0 {
+                let (act_in, act_out) = mlp_act(card, shared, ACT_BYTES);
+                t.tensor += act_in + act_out;
+            }
+            let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, ACT_BYTES);
+            let gathered = ACT_BYTES * h * etp.max(1) as f64;
+            t.expert += expert_copies(card) * (2.0 * gathered + act_in + act_out);
+        }
+        _ => {
+            let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, ACT_BYTES);
+            t.tensor += act_in + act_out;
+        }
+    }
+    t
+}
+
+/// Micro-batches whose activations pipeline rank `stage` holds at its peak, in the schedule's
+/// own unit.
+///
+/// - 1F1B (Megatron-LM `core/pipeline_parallel/schedules.py`,
+///   `forward_backward_pipelining_without_interleaving`): `pp - stage - 1` warm-up forwards,
+///   then one forward before each backward: `min(pp - stage, m)` micro-batches.
+/// - Interleaved (`get_pp_rank_microbatches`): `(pp - stage - 1)*2 + (vpp - 1)*pp` warm-up
+///   forwards of model-chunk micro-batches, capped at `m*vpp`, then one more forward before the
+///   first backward: `min(warm-up + 1, m*vpp)` chunk-micro-batches, each holding one chunk
+///   (1/vpp of the rank's layers).
+/// - ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 3.1): the same
+///   forwards in flight as 1F1B, `min(pp - stage, m)`; see [`deferred_wgrad_microbatches`].
+pub fn inflight_microbatches(layout: &Layout, stage: u32, num_microbatches: u32) -> u32 {
+    let pp = layout.pp.max(1);
+    let m = num_microbatches;
+    let stage = stage.min(pp - 1);
+    match layout.schedule {
+        Schedule::Interleaved => {
+            let chunks = layout.chunks();
+            let total = m * chunks;
+            let warmup = (pp - stage - 1) * 2 + (chunks - 1) * pp;
+            if warmup >= total { total } else { warmup + 1 }
+        }
+        Schedule::OneFOneB | Schedule::ZeroBubble => (pp - stage).min(m),
+    }
+}
+
+/// Of [`inflight_microbatches`], those in model chunk `chunk`. Megatron's interleaved schedule
+/// runs forwards in groups of pp micro-batches per chunk, chunk 0 first
+/// (`get_schedule_table`), so at the peak the first chunks hold the most.
+pub fn inflight_in_chunk(layout: &Layout, stage: u32, num_microbatches: u32, chunk: u32) -> u32 {
+    let n = inflight_microbatches(layout, stage, num_microbatches);
+    match layout.schedule {
+        Schedule::Interleaved => {
+            let pp = layout.pp.max(1);
+            let cycle = pp * layout.chunks();
+            let rem = n % cycle;
+            (n / cycle) * pp + rem.saturating_sub(chunk * pp).min(pp)
+        }
+        _ => {
+            if chunk == 0 {
+                n
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// Micro-batches whose weight-gradient pass ZB-H1 has deferred on rank `stage` at its peak:
+/// stage i postpones up to i W passes into the bubble, which keeps its memory within 1F1B's
+/// first-stage peak (Qi et al. 2023, section 3.1, ZB-H1). 0 for the other schedules.
+pub fn deferred_wgrad_microbatches(layout: &Layout, stage: u32, num_microbatches: u32) -> u32 {
+    match layout.schedule {
+        Schedule::ZeroBubble => {
+            let inflight = inflight_microbatches(layout, stage, num_microbatches);
+            stage.min(num_microbatches.saturating_sub(inflight))
+        }
+        _ => 0,
+    }
+}
