@@ -76,7 +76,8 @@ pub struct MemoryOverheads {
 }
 
 /// Efficiency parameters of the time model (fractions of peak actually reached). Calibrated
-/// once per GPU generation; each value's source is given in the profile YAML.
+/// once per GPU generation; each value's source is given in the profile YAML. Fields added
+/// after the first profiles have defaults that leave the time model as it was without them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -88,14 +89,54 @@ pub struct Efficiency {
     /// GEMM size (M*N*K, in units of 2^30) at which efficiency reaches half of its maximum:
     /// small and skinny GEMMs run far below peak.
     pub gemm_half_size_gflop: f64,
-    /// Flash-attention core efficiency (fraction of the matrix peak of the precision).
+    /// Smallest GEMM dimension at which efficiency reaches half of its maximum (tile
+    /// under-fill of skinny GEMMs: a 768-wide expert runs below a 8192-wide one); 0 = off.
+    #[serde(default)]
+    pub gemm_half_dim: f64,
+    /// Grouped (MoE expert) GEMM efficiency relative to a dense GEMM of the same per-expert
+    /// shape (ragged groups, per-group scheduling); 1 = as dense.
+    #[serde(default = "one")]
+    pub grouped_gemm: f64,
+    /// Flash-attention core efficiency (fraction of the BF16 matrix peak), forward pass.
     pub attention: f64,
+    /// Flash-attention backward efficiency (fraction of the BF16 peak); defaults to `attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_backward: Option<f64>,
     /// Fraction of HBM bandwidth reached by memory-bound (element-wise, norm) kernels.
     pub memory_bound: f64,
-    /// Fraction of the link bandwidth reached by collectives (bus bandwidth efficiency).
+    /// Fraction of the scale-up link bandwidth reached by collectives (bus bandwidth
+    /// efficiency).
     pub collective: f64,
+    /// Fraction of the NIC bandwidth reached by collectives across domains; defaults to
+    /// `collective`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_out_collective: Option<f64>,
     /// Fixed per-kernel launch/sync overhead, microseconds.
     pub kernel_overhead_us: f64,
+    /// Host-device synchronisation of one MoE layer pass (the dropless token dispatcher copies
+    /// the tokens-per-expert counts to the host before its all-to-all), microseconds.
+    #[serde(default)]
+    pub moe_host_sync_us: f64,
+    /// Fixed per-iteration overhead (data loading, logging, gradient-norm and loss
+    /// all-reduces, Python), milliseconds.
+    #[serde(default)]
+    pub step_overhead_ms: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Efficiency {
+    /// Flash-attention backward efficiency.
+    pub fn attention_backward(&self) -> f64 {
+        self.attention_backward.unwrap_or(self.attention)
+    }
+
+    /// Collective efficiency across domains.
+    pub fn scale_out_collective(&self) -> f64 {
+        self.scale_out_collective.unwrap_or(self.collective)
+    }
 }
 
 /// One GPU kind.
@@ -229,6 +270,21 @@ impl HardwareProfile {
         fraction("efficiency.attention", e.attention)?;
         fraction("efficiency.memoryBound", e.memory_bound)?;
         fraction("efficiency.collective", e.collective)?;
+        fraction("efficiency.groupedGemm", e.grouped_gemm)?;
+        fraction("efficiency.attentionBackward", e.attention_backward())?;
+        fraction("efficiency.scaleOutCollective", e.scale_out_collective())?;
+        for (name, v) in [
+            ("efficiency.gemmHalfDim", e.gemm_half_dim),
+            ("efficiency.moeHostSyncUs", e.moe_host_sync_us),
+            ("efficiency.stepOverheadMs", e.step_overhead_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(FieldError::new(
+                    format!("{at}.{name}"),
+                    format!("must be a non-negative number, got {v}"),
+                ));
+            }
+        }
         if !(e.kernel_overhead_us >= 0.0) {
             return Err(FieldError::new(
                 format!("{at}.efficiency.kernelOverheadUs"),

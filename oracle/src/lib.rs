@@ -6,6 +6,9 @@
 //! [`plan::Cluster`], the [`plan::Training`] settings and a [`layout::Layout`]. The
 //! [`plan`] module parses the same TrainingPlan YAML that `kubectl apply` sends.
 
+pub mod calibrate;
+pub mod collectives;
+pub mod compute;
 pub mod error;
 pub mod hardware;
 pub mod layout;
@@ -14,8 +17,11 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod profiles;
+pub mod projection;
 pub mod report;
+pub mod schedule;
 pub mod units;
+pub mod validate;
 
 pub use error::{FieldError, PlanError};
 

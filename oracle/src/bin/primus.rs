@@ -20,6 +20,12 @@ enum Command {
     /// Per-stage, per-GPU memory of the plan's layout (weights, gradients, optimizer,
     /// activations, other) against the GPU's capacity.
     Memory(cli::memory::Args),
+    /// Project step time, throughput, MFU and memory of the plan's layout (`spec.parallelism`).
+    Project(cli::project::Args),
+    /// Project every row of a published-measurements CSV and report the errors.
+    Validate(cli::validate::Args),
+    /// Draw the pipeline schedule of the plan's layout as an SVG.
+    Timeline(cli::timeline::Args),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +33,9 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Profiles(a) => cli::profiles::run(a),
         Command::Memory(a) => cli::memory::run(a),
+        Command::Project(a) => cli::project::run(a),
+        Command::Validate(a) => cli::validate::run(a),
+        Command::Timeline(a) => cli::timeline::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

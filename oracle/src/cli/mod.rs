@@ -10,6 +10,9 @@ use crate::profiles::Catalog;
 
 pub mod memory;
 pub mod profiles;
+pub mod project;
+pub mod timeline;
+pub mod validate;
 
 /// Output format of the reporting subcommands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]

@@ -1,0 +1,168 @@
+//! The pipeline schedule simulator against hand-derived makespans and bubbles.
+
+use primus_oracle::layout::Schedule;
+use primus_oracle::schedule::{PassKind, Simulator, StageCosts, simulate};
+
+fn costs<'a>(pp: usize, vpp: usize, f: &'a [f64], b: &'a [f64], w: &'a [f64], p2p: f64) -> StageCosts<'a> {
+    StageCosts {
+        pp,
+        vpp,
+        forward: f,
+        backward: b,
+        weight: w,
+        p2p,
+    }
+}
+
+const EPS: f64 = 1e-9;
+
+#[test]
+fn one_f_one_b_equal_stages_bubble_is_p_minus_1_over_m_plus_p_minus_1() {
+    // p = 4 stages, m = 8 micro-batches, forward 1, backward 2 (weight 0), no messages.
+    // 1F1B (Narayanan et al. 2021, section 2.2): makespan (m + p - 1)(F + B) = 11 * 3 = 33;
+    // the busiest rank works m(F + B) = 24, so the bubble is 9 and its fraction
+    // (p - 1)/(m + p - 1) = 3/11.
+    let (p, m) = (4, 8);
+    let f = vec![1.0; p];
+    let b = vec![2.0; p];
+    let w = vec![0.0; p];
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m);
+    assert!((s.makespan - 33.0).abs() < EPS, "{s:?}");
+    assert!((s.bubble - 9.0).abs() < EPS);
+    assert!((s.bubble_fraction - 3.0 / 11.0).abs() < EPS);
+    for r in &ranks {
+        assert!((r.busy - 24.0).abs() < EPS);
+        assert_eq!(r.p2p_wait, 0.0);
+    }
+}
+
+#[test]
+fn one_f_one_b_weight_counts_as_backward() {
+    // Same as above with the backward split 1 + 1 (input + weight): 1F1B runs them together.
+    let (p, m) = (4, 8);
+    let f = vec![1.0; p];
+    let b = vec![1.0; p];
+    let w = vec![1.0; p];
+    let (s, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m);
+    assert!((s.makespan - 33.0).abs() < EPS, "{s:?}");
+}
+
+#[test]
+fn interleaving_divides_the_bubble_by_vpp() {
+    // p = 4, v = 2 chunks per rank, m = 8. A rank's whole forward is 1 and backward 2 as
+    // above, so each chunk takes f = 0.5, b = 1. Interleaved 1F1B (Narayanan et al. 2021,
+    // section 2.2.2): bubble (p - 1)(f + b) = (p - 1)(F + B)/v = 3 * 1.5 = 4.5, makespan
+    // m(F + B) + 4.5 = 28.5, fraction 4.5/28.5.
+    let (p, v, m) = (4, 2, 8);
+    let f = vec![0.5; p * v];
+    let b = vec![1.0; p * v];
+    let w = vec![0.0; p * v];
+    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m);
+    assert!((s.makespan - 28.5).abs() < EPS, "{s:?}");
+    assert!((s.bubble - 4.5).abs() < EPS);
+    // And with v = 4 (chunks 0.25 / 0.5): bubble 3 * 0.75 = 2.25.
+    let v = 4;
+    let f = vec![0.25; p * v];
+    let b = vec![0.5; p * v];
+    let w = vec![0.0; p * v];
+    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m);
+    assert!((s.makespan - 26.25).abs() < EPS, "{s:?}");
+}
+
+#[test]
+fn zero_bubble_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w() {
+    // ZB-H1 (Qi et al. 2023, section 3.1): with the backward split into input (B) and weight
+    // (W) passes, the bubble shrinks from 1F1B's (p - 1)(F + B + W) to (p - 1)(F + B - W).
+    // F = B = W = 1, p = 4, m = 8: busy 3m = 24, bubble 3 * 1 = 3, makespan 27 (1F1B: 33).
+    let (p, m) = (4, 8);
+    let f = vec![1.0; p];
+    let b = vec![1.0; p];
+    let w = vec![1.0; p];
+    let (s, ranks) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &b, &w, 0.0), m);
+    assert!((s.makespan - 27.0).abs() < EPS, "{s:?} {ranks:?}");
+    assert!((s.bubble - 3.0).abs() < EPS);
+}
+
+#[test]
+fn messages_delay_the_chain_and_are_reported_as_p2p_wait() {
+    // p = 2, m = 1, F = 1, B = 2, message 0.1: rank 0 forward [0, 1], rank 1 forward
+    // [1.1, 2.1], backward [2.1, 4.1], rank 0 backward [4.2, 6.2]. Rank 0 waited 3.2, of which
+    // 0.1 for the message in flight; rank 1 waited 1.1, 0.1 of it for the message.
+    let f = vec![1.0; 2];
+    let b = vec![2.0; 2];
+    let w = vec![0.0; 2];
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.1), 1);
+    assert!((s.makespan - 6.2).abs() < EPS, "{s:?}");
+    assert!((ranks[0].p2p_wait - 0.1).abs() < EPS);
+    assert!((ranks[1].p2p_wait - 0.1).abs() < EPS);
+    assert!((ranks[0].bubble() - 3.1).abs() < EPS);
+}
+
+#[test]
+fn slowest_stage_sets_the_steady_state() {
+    // p = 2, m = 16; stage 1 is twice as slow (F 2, B 4). After warm-up the pipeline runs at
+    // the slow stage's pace: its busy time 16 * 6 = 96 plus the head of the pipeline (stage 0's
+    // first forward, 1) plus the tail (stage 0's last backward, 2): 99.
+    let f = vec![1.0, 2.0];
+    let b = vec![2.0, 4.0];
+    let w = vec![0.0; 2];
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.0), 16);
+    assert!((s.makespan - 99.0).abs() < EPS, "{s:?}");
+    assert_eq!(s.busiest_rank, 1);
+    assert!((ranks[1].busy - 96.0).abs() < EPS);
+}
+
+#[test]
+fn trace_records_every_pass_once_and_respects_dependencies() {
+    let (p, v, m) = (4, 2, 8);
+    let f = vec![0.5; p * v];
+    let b = vec![1.0; p * v];
+    let w = vec![0.0; p * v];
+    let mut sim = Simulator::tracing();
+    sim.run(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.05), m);
+    let trace = sim.trace.as_ref().unwrap();
+    assert_eq!(trace.len(), 2 * p * v * m);
+    // No two passes of one rank overlap.
+    for r in 0..p as u32 {
+        let mut mine: Vec<_> = trace.iter().filter(|e| e.rank == r).collect();
+        mine.sort_by(|a, b| a.start.partial_cmp(&b.start).unwrap());
+        for pair in mine.windows(2) {
+            assert!(pair[1].start >= pair[0].end - EPS);
+        }
+    }
+    // Every forward of virtual stage vs > 0 starts after the previous stage's forward plus the
+    // message.
+    for e in trace.iter().filter(|e| e.kind == PassKind::Forward) {
+        let vs = e.chunk as usize * p + e.rank as usize;
+        if vs == 0 {
+            continue;
+        }
+        let (pc, pr) = ((vs - 1) / p, (vs - 1) % p);
+        let prev = trace
+            .iter()
+            .find(|x| {
+                x.kind == PassKind::Forward
+                    && x.microbatch == e.microbatch
+                    && x.chunk as usize == pc
+                    && x.rank as usize == pr
+            })
+            .unwrap();
+        assert!(e.start >= prev.end + 0.05 - EPS);
+    }
+}
+
+#[test]
+fn zero_bubble_h1_matches_the_formula_over_a_range_of_shapes() {
+    // F = B = W = 1: ZB-H1 makespan 3m + (p - 1) (bubble (p - 1)(F + B - W)), 1F1B
+    // 3(m + p - 1), for every p in 2..=8 and m in p..=3p.
+    for p in 2..=8usize {
+        for m in p..=3 * p {
+            let f = vec![1.0; p];
+            let (zb, _) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &f, &f, 0.0), m);
+            let (ofob, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &f, &f, 0.0), m);
+            let expect = (3 * m + p - 1) as f64;
+            assert!((zb.makespan - expect).abs() < EPS, "p={p} m={m}: {zb:?}");
+            assert!((ofob.makespan - (3 * (m + p - 1)) as f64).abs() < EPS);
+        }
+    }
+}
