@@ -1,7 +1,7 @@
 //! `TrainingPlan`: one document that drives the `primus` CLI and the operator alike.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;

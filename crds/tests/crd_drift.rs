@@ -29,9 +29,14 @@ fn chart_crds_match_the_generated_ones() {
     }
     for (name, text) in primus_crds::crdgen::render().expect("CRDs render") {
         let path = chart.join(&name);
-        let current = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (copy crds/*.yaml into the chart)", path.display()));
-        assert!(current == text, "{} differs from crds/{name}", path.display());
+        let current = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (copy crds/*.yaml into the chart)", path.display())
+        });
+        assert!(
+            current == text,
+            "{} differs from crds/{name}",
+            path.display()
+        );
     }
 }
 
@@ -43,7 +48,10 @@ fn every_spec_field_is_documented() {
         let schema = &value["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let mut missing = Vec::new();
         walk(schema, "", &mut missing);
-        assert!(missing.is_empty(), "{name}: fields without a description: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "{name}: fields without a description: {missing:?}"
+        );
     }
 }
 
@@ -52,7 +60,8 @@ fn walk(schema: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
         for (key, sub) in props {
             let here = format!("{path}.{key}");
             // metadata, apiVersion and kind are Kubernetes' own.
-            let k8s_own = path.is_empty() && ["metadata", "apiVersion", "kind"].contains(&key.as_str());
+            let k8s_own =
+                path.is_empty() && ["metadata", "apiVersion", "kind"].contains(&key.as_str());
             let conditions = path.ends_with(".conditions");
             if !k8s_own && !conditions && sub.get("description").is_none() {
                 missing.push(here.clone());

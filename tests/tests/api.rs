@@ -40,7 +40,8 @@ fn kubectl_apply_round_trips_every_field() {
     k.ok(&["apply", "-n", &ns.name, "-f", example.to_str().unwrap()]);
 
     let text = std::fs::read_to_string(&example).unwrap();
-    let local: TrainingPlan = serde_saphyr::from_str(&text).expect("example parses as a TrainingPlan");
+    let local: TrainingPlan =
+        serde_saphyr::from_str(&text).expect("example parses as a TrainingPlan");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let remote = rt.block_on(async {
@@ -49,7 +50,10 @@ fn kubectl_apply_round_trips_every_field() {
     });
     assert_eq!(remote.spec, local.spec, "the server kept every spec field");
     // The oracle reads the stored object exactly like the file.
-    let oracle = remote.spec.to_oracle().expect("stored spec is a valid oracle plan");
+    let oracle = remote
+        .spec
+        .to_oracle()
+        .expect("stored spec is a valid oracle plan");
     let layout = oracle.parallelism.expect("layout kept");
     assert_eq!((layout.tp, layout.pp, layout.vpp), (4, 8, 5));
 
@@ -59,21 +63,27 @@ fn kubectl_apply_round_trips_every_field() {
     for col in ["NAME", "PHASE", "GPUS", "LAYOUT", "TOK/S/GPU", "AGE"] {
         assert!(header.contains(col), "column {col} missing in {header:?}");
     }
-    assert!(table.contains("llama3-70b") && table.contains("64"), "{table}");
+    assert!(
+        table.contains("llama3-70b") && table.contains("64"),
+        "{table}"
+    );
 }
 
 #[test]
 fn rust_client_create_round_trips() {
     let Some(tb) = testbed!() else { return };
     let ns = tb.namespace("api-create");
-    let text = std::fs::read_to_string(repo_root().join("examples/llama3.1-70b-mi300x.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(repo_root().join("examples/llama3.1-70b-mi300x.yaml")).unwrap();
     let mut plan: TrainingPlan = serde_saphyr::from_str(&text).unwrap();
     plan.metadata.name = Some("from-rust".into());
     plan.spec.parallelism.as_mut().unwrap().micro_batch_size = 2;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let back: TrainingPlanSpec = rt.block_on(async {
         let api: Api<TrainingPlan> = Api::namespaced(tb.client().await, &ns.name);
-        api.create(&PostParams::default(), &plan).await.expect("create");
+        api.create(&PostParams::default(), &plan)
+            .await
+            .expect("create");
         api.get("from-rust").await.expect("get").spec
     });
     assert_eq!(back, plan.spec);
@@ -90,7 +100,8 @@ fn rust_client_create_round_trips() {
 }
 
 fn apply_plan_text(tb: &primus_tests::TestBed, ns: &str, body: &str) -> std::process::Output {
-    tb.kubectl().run_stdin(&["apply", "-n", ns, "-f", "-"], body)
+    tb.kubectl()
+        .run_stdin(&["apply", "-n", ns, "-f", "-"], body)
 }
 
 const BAD_GPUS: &str = r#"
@@ -141,7 +152,9 @@ fn schema_rejects_invalid_plans_naming_the_field() {
         assert!(err.contains(what), "error does not say {what:?}: {err}");
     }
     // Nothing was stored.
-    let list = tb.kubectl().ok(&["get", "tplan", "-n", &ns.name, "-o", "name"]);
+    let list = tb
+        .kubectl()
+        .ok(&["get", "tplan", "-n", &ns.name, "-o", "name"]);
     assert!(list.trim().is_empty(), "{list}");
 }
 
@@ -150,7 +163,9 @@ fn kubectl_explain_shows_the_field_docs() {
     let Some(tb) = testbed!() else { return };
     // The API server publishes CRD schemas to OpenAPI shortly after they are established.
     let text = wait_for(Duration::from_secs(30), "explain output", || {
-        let out = tb.kubectl().run(&["explain", "trainingplan.spec.parallelism"]);
+        let out = tb
+            .kubectl()
+            .run(&["explain", "trainingplan.spec.parallelism"]);
         out.status.success().then(|| stdout(&out))
     });
     for needle in [
