@@ -145,7 +145,7 @@ impl Efficiency {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HardwareProfile {
     /// Profile name, e.g. `mi300x`, `h100-sxm`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
     /// Human product name, e.g. `AMD Instinct MI300X`.
     pub product: String,

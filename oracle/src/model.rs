@@ -94,7 +94,7 @@ pub struct MlaConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelCard {
     /// Preset name, e.g. `llama3.1-70b` (optional for inline cards).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
     /// Transformer layers (decoder blocks), excluding MTP layers.
     pub layers: u32,
