@@ -241,7 +241,7 @@ install_complete() {
   for c in kube-apiserver kube-controller-manager helm etcd promtool kubectl lua5.1; do
     [[ -x $BIN/$c ]] || return 1
   done
-  for c in openssl jq curl flock; do command -v "$c" >/dev/null || return 1; done
+  for c in openssl jq curl flock rsvg-convert; do command -v "$c" >/dev/null || return 1; done
 }
 
 cmd_install() {
@@ -255,7 +255,8 @@ cmd_install() {
     log "install: everything already in place in $(since "$T0") (add $BIN to PATH)"
     return 0
   fi
-  local pkgs=(etcd-server prometheus lua5.1 openssl jq curl)
+  # librsvg2-bin: rsvg-convert renders `primus timeline` SVGs in the tests.
+  local pkgs=(etcd-server prometheus lua5.1 openssl jq curl librsvg2-bin)
   sys_cmd kubectl >/dev/null || pkgs+=(kubernetes-client)
   apt_install "${pkgs[@]}"
   if [[ ! -x $K8S_DIR/kube-apiserver || ! -x $K8S_DIR/kube-controller-manager ]]; then build_k8s; fi
