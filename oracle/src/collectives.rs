@@ -61,9 +61,14 @@ impl Topology {
         }
     }
 
-    /// The topology of a scenario.
+    /// The topology of a scenario. A job larger than one multi-node scale-up domain (NVL72) is
+    /// taken to occupy equal, node-aligned blocks of its domains: the largest multiple of
+    /// `gpusPerNode` that divides the job and fits in a domain (256 GPUs on NVL72 racks: 4 x 64,
+    /// as topology-aware schedulers place blocks), so power-of-two groups do not straddle racks.
     pub fn of_scenario(s: &Scenario) -> Topology {
-        Topology::of(&s.hardware, s.cluster.gpus_per_node)
+        let mut t = Topology::of(&s.hardware, s.cluster.gpus_per_node);
+        t.domain = job_domain(t.domain, s.cluster.gpus, s.cluster.gpus_per_node);
+        t
     }
 
     /// Place a group of `size` ranks `stride` apart among `world` ranks.
@@ -92,6 +97,25 @@ impl Topology {
             self.out.latency
         }
     }
+}
+
+/// GPUs of a `gpus`-GPU job in one scale-up domain of `domain` GPUs: the whole job when it
+/// fits, else the largest multiple of `node` that divides `gpus` and fits in `domain` (the
+/// domain itself when nothing does).
+pub fn job_domain(domain: u32, gpus: u32, node: u32) -> u32 {
+    let node = node.max(1);
+    if gpus <= domain {
+        return domain;
+    }
+    let mut best = 0;
+    let mut d = node;
+    while d <= domain {
+        if gpus.is_multiple_of(d) {
+            best = d;
+        }
+        d += node;
+    }
+    if best == 0 { domain } else { best }
 }
 
 /// A communicator: `size` ranks, `stride` apart in the global rank order.
@@ -168,9 +192,7 @@ impl Group {
             for inner in 0..stride as u64 {
                 let first = b * block + inner;
                 let (domains, per) = members_per_domain(first, size as u64, stride as u64, domain);
-                if domains > worst.domains
-                    || (domains == worst.domains && per < worst.per_domain)
-                {
+                if domains > worst.domains || (domains == worst.domains && per < worst.per_domain) {
                     worst.domains = domains;
                     worst.per_domain = per;
                 }
@@ -231,8 +253,8 @@ pub fn all_reduce_hierarchical(topo: &Topology, g: &Group, bytes: f64) -> f64 {
     let k = g.per_domain as f64;
     let m = (g.size as f64 / k).ceil();
     let intra = 2.0 * (k - 1.0) / k * bytes / topo.up.bandwidth + 2.0 * (k - 1.0) * topo.up.latency;
-    let inter = 2.0 * (m - 1.0) / m * (bytes / k) / topo.out.bandwidth
-        + 2.0 * (m - 1.0) * topo.out.latency;
+    let inter =
+        2.0 * (m - 1.0) / m * (bytes / k) / topo.out.bandwidth + 2.0 * (m - 1.0) * topo.out.latency;
     intra + inter
 }
 
@@ -295,7 +317,11 @@ pub fn all_to_all(topo: &Topology, g: &Group, bytes: f64) -> f64 {
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
     }
-    let k = if g.domains <= 1 { n } else { g.per_domain as f64 };
+    let k = if g.domains <= 1 {
+        n
+    } else {
+        g.per_domain as f64
+    };
     let intra = (k - 1.0) / n * bytes / topo.up.bandwidth;
     let inter = (n - k) / n * bytes / topo.out.bandwidth;
     intra.max(inter) + (n - 1.0) * topo.latency(g)

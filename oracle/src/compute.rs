@@ -81,6 +81,9 @@ pub struct Op {
     pub kernels: f64,
     /// Part of Megatron's selective recomputation (`core_attn`).
     pub selective: bool,
+    /// Runs after the MoE dispatcher's host synchronisation (the expert section of a MoE
+    /// layer), where the host must re-issue every kernel before the GPU can run it.
+    pub after_sync: bool,
 }
 
 impl Op {
@@ -103,6 +106,7 @@ impl Op {
             fp8,
             kernels: 1.0,
             selective: false,
+            after_sync: false,
         }
     }
 
@@ -120,6 +124,7 @@ impl Op {
             fp8: false,
             kernels,
             selective: false,
+            after_sync: false,
         }
     }
 
@@ -226,11 +231,7 @@ impl OpTimer for AnalyticTimer {
         match op.class {
             OpClass::Gemm | OpClass::GroupedGemm => {
                 let fp8 = op.fp8 && ctx.precision == Precision::Fp8;
-                let peak = hw.peak_flops(if fp8 {
-                    Precision::Fp8
-                } else {
-                    Precision::Bf16
-                });
+                let peak = hw.peak_flops(if fp8 { Precision::Fp8 } else { Precision::Bf16 });
                 let (m, n, k) = match pass {
                     Pass::Forward => (op.m, op.n, op.k),
                     // dX (m x k) = dY (m x n) . W^T (n x k)
@@ -358,6 +359,27 @@ pub fn attention_pairs(s: f64, window: Option<f64>, cp: f64) -> f64 {
     pairs / cp
 }
 
+/// Host launches of one linear of one expert in Megatron's SequentialMLP: slice the expert's
+/// tokens, the GEMM, the bias add, and the copy back into the output.
+pub const SEQUENTIAL_EXPERT_LAUNCHES: f64 = 8.0;
+
+/// Coefficient of variation of the tokens routed to one expert in a step, under Megatron's
+/// auxiliary load-balancing loss (dropless routing). A training-dynamics figure, not a
+/// hardware one: balanced routers keep per-expert loads within roughly +-25% (one standard
+/// deviation) of the mean.
+pub const MOE_EXPERT_LOAD_CV: f64 = 0.25;
+
+/// Load of the busiest of `ep` expert-parallel ranks relative to the mean, each rank holding
+/// `local` experts: per-rank loads have CV = MOE_EXPERT_LOAD_CV / sqrt(local) (sums of
+/// independent expert loads), and the maximum of `ep` roughly normal loads exceeds the mean by
+/// about sqrt(2 ln ep) standard deviations (Gaussian extreme-value estimate). 1 without EP.
+pub fn moe_load_imbalance(local: f64, ep: f64) -> f64 {
+    if ep <= 1.0 {
+        return 1.0;
+    }
+    1.0 + MOE_EXPERT_LOAD_CV / local.max(1.0).sqrt() * (2.0 * ep.ln()).sqrt()
+}
+
 /// The op list of one decoder layer of the given shape, per GPU and micro-batch.
 pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     let mut ops = OpList::default();
@@ -386,7 +408,14 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
             None => ops.push(Op::gemm("q_proj", tok, heads * dqk / t, h, 1.0, true)),
         }
         // Duplicated kv down-projection h -> r_kv + d_rope, then up r_kv -> a (d_nope + d_v).
-        ops.push(Op::gemm("kv_down", tok_sp, kv_rank + rope_dim, h, 1.0, true));
+        ops.push(Op::gemm(
+            "kv_down",
+            tok_sp,
+            kv_rank + rope_dim,
+            h,
+            1.0,
+            true,
+        ));
         ops.push(Op::gemm(
             "kv_up",
             tok,
@@ -433,6 +462,7 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
         fp8: false,
         kernels: 1.0,
         selective: true,
+        after_sync: false,
     });
     // Row-parallel output projection: a d_v / tp -> h.
     ops.push(Op::gemm("proj", tok, h, heads * dv / t, 1.0, true));
@@ -463,30 +493,63 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
             let e = moe.num_experts as f64;
             let k = moe.top_k as f64;
             let fe = moe.moe_ffn_hidden_size as f64;
-            // Router: replicated linear h -> E on the dispatched tokens (BF16).
-            ops.push(Op::gemm("router", d.tokens_dispatched(), e, h, 1.0, false));
-            let routed = d.routed_tokens(k);
+            let td = d.tokens_dispatched();
+            // Router: replicated linear h -> E on the dispatched tokens (BF16), then FP32
+            // softmax (or sigmoid), top-k, and the load-balancing/z losses over the T x E
+            // scores: about six passes of 4 bytes over them.
+            ops.push(Op::gemm("router", td, e, h, 1.0, false));
+            ops.push(Op::memory("router_scores", td * e * 4.0 * 6.0, 10.0));
             let local = (e / d.ep).max(1.0);
-            let per_expert = routed / local;
+            // Routed copies reaching the busiest GPU's experts.
+            let routed = d.routed_tokens(k) * moe_load_imbalance(local, d.ep);
+            let tokens_per_expert = routed / local;
             let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
-            ops.push(Op::gemm("experts_fc1", per_expert, fc1, h, local, true));
-            ops.push(Op::gemm("experts_fc2", per_expert, h, fe / d.etp, local, true));
-            // Softmax/top-k and aux-loss over E scores (FP32), token permutation before
-            // the dispatch and un-permutation + weighted sum after the combine (read and
-            // write each routed copy), the experts' activation.
-            let mut moe_bytes = d.tokens_dispatched() * e * 4.0 * 3.0
-                + routed * h * ACT_BYTES * 2.0 * 2.0
-                + routed * act_bytes_per_width(fe / d.etp) * ACT_BYTES;
-            let mut moe_kernels = 12.0;
+            let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
+            let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
+            // Launches per local expert: Transformer Engine's grouped linear issues one GEMM
+            // per expert; experts with biases run Megatron's SequentialMLP, a separate MLP
+            // module per expert (Megatron's grouped-GEMM experts assert `add_bias_linear ==
+            // False`, megatron/core/transformer/moe/experts.py).
+            let per_expert = if card.mlp_bias {
+                SEQUENTIAL_EXPERT_LAUNCHES
+            } else {
+                1.0
+            };
+            fc1_op.kernels = local * per_expert;
+            fc2_op.kernels = local * per_expert;
+            fc1_op.after_sync = true;
+            fc2_op.after_sync = true;
+            ops.push(fc1_op);
+            ops.push(fc2_op);
+            // Source side (balanced): permute the token copies before the dispatch (gather:
+            // read + write) and un-permute after the combine (read the copies, weighted
+            // scatter-add into the output): 3.5 passes over k copies of h.
+            let mut source = Op::memory("moe_permute", td * k * h * ACT_BYTES * 3.5, 6.0);
+            source.after_sync = true;
+            ops.push(source);
+            // Expert side (busiest GPU): sort the received copies by local expert and unsort
+            // them before the combine (read + write each), and the experts' activation.
+            let mut expert_side = Op::memory(
+                "moe_expert_elementwise",
+                routed * h * ACT_BYTES * 4.0 + routed * act_bytes_per_width(fe / d.etp) * ACT_BYTES,
+                // Sort, unsort, activation; a sequential MLP runs its activation and the copies
+                // in and out per expert.
+                if card.mlp_bias {
+                    2.0 + 3.0 * local
+                } else {
+                    5.0
+                },
+            );
+            expert_side.after_sync = true;
+            ops.push(expert_side);
             let shared = card.shared_expert_ffn() as f64;
             if shared > 0.0 {
                 let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
                 ops.push(Op::gemm("shared_fc1", tok, fc1s, h, 1.0, true));
                 ops.push(Op::gemm("shared_fc2", tok, h, shared / t, 1.0, true));
-                moe_bytes += tok * act_bytes_per_width(shared / t) * ACT_BYTES;
-                moe_kernels += 1.0;
+                elementwise += tok * act_bytes_per_width(shared / t) * ACT_BYTES;
+                elementwise_kernels += 1.0;
             }
-            ops.push(Op::memory("moe_elementwise", moe_bytes, moe_kernels));
         }
         _ => {
             let f = card.ffn_hidden_size as f64;
@@ -497,11 +560,7 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
             elementwise_kernels += 1.0;
         }
     }
-    ops.push(Op::memory(
-        "elementwise",
-        elementwise,
-        elementwise_kernels,
-    ));
+    ops.push(Op::memory("elementwise", elementwise, elementwise_kernels));
     ops
 }
 
@@ -526,7 +585,11 @@ pub fn head_ops(card: &ModelCard, d: &Dims) -> OpList {
     let mut ops = OpList::default();
     let h = card.hidden_size as f64;
     let v = card.vocab_size as f64 / d.tp;
-    ops.push(Op::memory("final_norm", d.tokens_sp() * 2.0 * h * ACT_BYTES, 1.0));
+    ops.push(Op::memory(
+        "final_norm",
+        d.tokens_sp() * 2.0 * h * ACT_BYTES,
+        1.0,
+    ));
     ops.push(Op::gemm("output", d.tokens(), v, h, 1.0, false));
     ops.push(Op::memory(
         "cross_entropy",
@@ -547,7 +610,14 @@ pub fn mtp_extra_ops(card: &ModelCard, d: &Dims) -> OpList {
         d.tokens_sp() * 2.0 * 2.0 * h * ACT_BYTES,
         2.0,
     ));
-    ops.push(Op::gemm("mtp_proj", d.tokens(), h / d.tp, 2.0 * h, 1.0, true));
+    ops.push(Op::gemm(
+        "mtp_proj",
+        d.tokens(),
+        h / d.tp,
+        2.0 * h,
+        1.0,
+        true,
+    ));
     ops
 }
 
@@ -571,6 +641,12 @@ pub struct OpTimes {
     /// Model FLOPs of the forward pass (GEMMs and attention core; the backward is counted as
     /// twice the forward by the published convention).
     pub model_flops_forward: f64,
+    /// Forward GPU time of the ops after the MoE dispatcher's host sync.
+    pub after_sync_forward: f64,
+    /// Backward (dgrad + wgrad) GPU time of those ops.
+    pub after_sync_backward: f64,
+    /// Kernel launches of those ops in the forward pass.
+    pub after_sync_launches: f64,
 }
 
 impl OpTimes {
@@ -598,6 +674,20 @@ impl OpTimes {
             }
             if op.selective {
                 t.selective_forward += f;
+            }
+            if op.after_sync {
+                t.after_sync_forward += f;
+                t.after_sync_backward += dg + wg;
+                // An FP8 GEMM also launches the quantization of its input.
+                let quantize = matches!(op.class, OpClass::Gemm | OpClass::GroupedGemm)
+                    && op.fp8
+                    && ctx.precision == Precision::Fp8;
+                t.after_sync_launches += op.kernels
+                    * if quantize {
+                        1.0 + ctx.hardware.efficiency.fp8_quantize_launches
+                    } else {
+                        1.0
+                    };
             }
         }
         t

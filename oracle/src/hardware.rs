@@ -117,6 +117,17 @@ pub struct Efficiency {
     /// the tokens-per-expert counts to the host before its all-to-all), microseconds.
     #[serde(default)]
     pub moe_host_sync_us: f64,
+    /// Host (CPU) time to issue one kernel from the framework: Python, PyTorch dispatch,
+    /// Transformer Engine and the launch itself, microseconds. After the MoE dispatcher's host
+    /// synchronisation the GPU waits for the host, so the expert section runs at no less than
+    /// its launches x this; 0 = not modelled.
+    #[serde(default)]
+    pub cpu_launch_us: f64,
+    /// Kernel launches of one FP8 quantization of a GEMM input: 1 for a fused block-scaled
+    /// cast (MXFP8 on Blackwell), about 3 for per-tensor current scaling (amax reduction,
+    /// scale update, cast and transpose: Hopper, MI300).
+    #[serde(default = "one")]
+    pub fp8_quantize_launches: f64,
     /// Fixed per-iteration overhead (data loading, logging, gradient-norm and loss
     /// all-reduces, Python), milliseconds.
     #[serde(default)]
@@ -276,6 +287,8 @@ impl HardwareProfile {
         for (name, v) in [
             ("efficiency.gemmHalfDim", e.gemm_half_dim),
             ("efficiency.moeHostSyncUs", e.moe_host_sync_us),
+            ("efficiency.cpuLaunchUs", e.cpu_launch_us),
+            ("efficiency.fp8QuantizeLaunches", e.fp8_quantize_launches),
             ("efficiency.stepOverheadMs", e.step_overhead_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {

@@ -62,6 +62,9 @@ pub struct Breakdown {
     pub dp_comm: f64,
     /// Pipeline bubble of the critical rank.
     pub bubble: f64,
+    /// GPU idle while the host issues kernels: the MoE dispatcher's host synchronisation and
+    /// the expert section it leaves host-bound.
+    pub host: f64,
     /// Optimizer step over the local shard.
     pub optimizer: f64,
     /// Per-iteration overheads.
@@ -78,6 +81,7 @@ impl Breakdown {
             + self.pp_comm
             + self.dp_comm
             + self.bubble
+            + self.host
             + self.optimizer
             + self.other
     }
@@ -88,7 +92,7 @@ impl Breakdown {
     }
 
     /// The named terms, in display order.
-    pub fn terms(&self) -> [(&'static str, f64); 9] {
+    pub fn terms(&self) -> [(&'static str, f64); 10] {
         [
             ("compute", self.compute),
             ("tp", self.tp_comm),
@@ -97,24 +101,29 @@ impl Breakdown {
             ("pp", self.pp_comm),
             ("dp", self.dp_comm),
             ("bubble", self.bubble),
+            ("host", self.host),
             ("optimizer", self.optimizer),
             ("other", self.other),
         ]
     }
 
     /// What dominates the step: compute, the bubble, exposed communication (all kinds
-    /// together), the optimizer or overheads.
+    /// together), host-bound time, the optimizer or overheads.
     pub fn dominant(&self) -> Dominant {
         let candidates = [
             (Dominant::Compute, self.compute),
             (Dominant::Bubble, self.bubble),
             (Dominant::Communication, self.exposed_comm()),
+            (Dominant::Host, self.host),
             (Dominant::Optimizer, self.optimizer),
             (Dominant::Overhead, self.other),
         ];
         candidates
             .into_iter()
-            .fold((Dominant::Compute, f64::MIN), |a, b| if b.1 > a.1 { b } else { a })
+            .fold(
+                (Dominant::Compute, f64::MIN),
+                |a, b| if b.1 > a.1 { b } else { a },
+            )
             .0
     }
 
@@ -140,6 +149,7 @@ pub enum Dominant {
     Compute,
     Bubble,
     Communication,
+    Host,
     Optimizer,
     Overhead,
 }
@@ -150,6 +160,7 @@ impl Dominant {
             Dominant::Compute => "compute",
             Dominant::Bubble => "bubble",
             Dominant::Communication => "communication",
+            Dominant::Host => "host",
             Dominant::Optimizer => "optimizer",
             Dominant::Overhead => "overhead",
         }
@@ -275,11 +286,13 @@ pub struct Parts {
     pub cp: f64,
     pub ep: f64,
     pub dp: f64,
+    /// Host-bound time (MoE dispatcher sync and expert section).
+    pub host: f64,
 }
 
 impl Parts {
     pub fn total(&self) -> f64 {
-        self.compute + self.tp + self.cp + self.ep + self.dp
+        self.compute + self.tp + self.cp + self.ep + self.dp + self.host
     }
 
     fn add(&mut self, o: &Parts, times: f64) {
@@ -288,6 +301,7 @@ impl Parts {
         self.cp += o.cp * times;
         self.ep += o.ep * times;
         self.dp += o.dp * times;
+        self.host += o.host * times;
     }
 }
 
@@ -320,7 +334,13 @@ impl CommContext<'_> {
     /// TP collectives around one block whose column-parallel input is `gather_bytes` (the
     /// gathered activation) and whose row-parallel output is `scatter_bytes`, forward and
     /// backward, exposed given the GEMM time they could hide behind.
-    fn tp_block(&self, gather_bytes: f64, scatter_bytes: f64, gemm_f: f64, gemm_b: f64) -> (f64, f64) {
+    fn tp_block(
+        &self,
+        gather_bytes: f64,
+        scatter_bytes: f64,
+        gemm_f: f64,
+        gemm_b: f64,
+    ) -> (f64, f64) {
         let g = &self.place.tp;
         if g.size <= 1 {
             return (0.0, 0.0);
@@ -344,7 +364,10 @@ impl CommContext<'_> {
         let bwd_hidden = (bwd_overlappable - gemm_b).max(0.0);
         if self.l.tp_comm_overlap {
             // Transformer Engine userbuffers: pipelined with the GEMMs.
-            ((fwd - gemm_f).max(0.0), (bwd + bwd_overlappable - gemm_b).max(0.0))
+            (
+                (fwd - gemm_f).max(0.0),
+                (bwd + bwd_overlappable - gemm_b).max(0.0),
+            )
         } else {
             (fwd, bwd + bwd_hidden)
         }
@@ -417,12 +440,23 @@ fn kind_cost(
 
     // --- EP: dispatch and combine all-to-all, plus the dispatcher's host sync ---
     let (mut ep_f, mut ep_b) = (0.0, 0.0);
+    let (mut host_f, mut host_b) = (0.0, 0.0);
     if moe_layer && let Some(moe) = &card.moe {
+        // Each GPU sends its k copies of its tokens; the busiest one receives more.
+        let local = (moe.num_experts as f64 / d.ep).max(1.0);
         let routed_bytes = d.tokens_dispatched() * moe.top_k as f64 * h * ACT_BYTES;
-        let a2a = collectives::all_to_all(&cc.topo, &cc.place.ep, routed_bytes);
-        let sync = hw.efficiency.moe_host_sync_us * MICROSECOND;
-        ep_f = 2.0 * a2a + sync;
-        ep_b = 2.0 * a2a + sync;
+        let a2a = collectives::all_to_all(&cc.topo, &cc.place.ep, routed_bytes)
+            * compute::moe_load_imbalance(local, d.ep);
+        let e = &hw.efficiency;
+        let sync = e.moe_host_sync_us * MICROSECOND;
+        // After the sync the host must issue the whole expert section before the GPU can run
+        // it: the section lasts at least its launches x the host's cost per launch (backward:
+        // autograd issues dgrad and wgrad, twice the launches).
+        let host = e.cpu_launch_us * MICROSECOND * t.after_sync_launches;
+        host_f = sync + (host - t.after_sync_forward - 2.0 * a2a).max(0.0);
+        host_b = sync + (2.0 * host - t.after_sync_backward - 2.0 * a2a).max(0.0);
+        ep_f = 2.0 * a2a;
+        ep_b = 2.0 * a2a;
         if cc.place.etp.size > 1 {
             // Expert-TP: all-gather of the routed tokens before the experts, reduce-scatter
             // after; mirrored in the backward.
@@ -455,6 +489,7 @@ fn kind_cost(
         cp: cp_f,
         ep: ep_f,
         dp: dp_f,
+        host: host_f,
     };
     let backward = Parts {
         compute: t.dgrad,
@@ -462,6 +497,7 @@ fn kind_cost(
         cp: cp_b,
         ep: ep_b,
         dp: dp_b,
+        host: host_b,
     };
     // Full recompute reruns the forward, communication included (not the FSDP gather: the
     // backward gathers anyway).
@@ -485,7 +521,11 @@ fn kind_cost(
 /// Counts of each layer shape in a range of decoder layers.
 fn shape_counts(card: &ModelCard, range: std::ops::Range<u32>) -> [(LayerShape, u32); 4] {
     let (a, b) = (range.start, range.end.max(range.start));
-    let dense_layers = card.moe.as_ref().map(|m| m.dense_layers).unwrap_or(card.layers);
+    let dense_layers = card
+        .moe
+        .as_ref()
+        .map(|m| m.dense_layers)
+        .unwrap_or(card.layers);
     let moe_start = dense_layers.clamp(a, b);
     // Full-attention layers in [x, y): layer i is full when (i + 1) % every == 0 (gpt-oss
     // alternates sliding and full, starting with sliding); all full without a window.
@@ -533,12 +573,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     let topo = Topology::of_scenario(s);
     let place = Placement::of(&topo, gpus, l, dp);
     let d = Dims::of(s, l);
-    let cc = CommContext {
-        topo,
-        place,
-        d,
-        l,
-    };
+    let cc = CommContext { topo, place, d, l };
 
     // Per-kind layer costs, computed lazily once.
     let mut kinds: [Option<KindCost>; 4] = [None; 4];
@@ -572,11 +607,8 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     // Head: gather the input (SP) forward, scatter its gradient backward; three FP32
     // all-reduces per token for the vocab-parallel loss.
     let head_tp_f = if tpg.size > 1 {
-        let loss = collectives::all_reduce(
-            &cc.topo,
-            tpg,
-            d.tokens() * LOSS_ALLREDUCE_SCALARS * 4.0,
-        );
+        let loss =
+            collectives::all_reduce(&cc.topo, tpg, d.tokens() * LOSS_ALLREDUCE_SCALARS * 4.0);
         loss + if d.sp {
             collectives::all_gather(&cc.topo, tpg, act)
         } else {
@@ -668,8 +700,8 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
                 bwd.tp += head_tp_b;
                 wgt += head.wgrad;
                 flops += head.model_flops_forward;
-                params.0 += (card.output_params() as f64) / l.tp as f64
-                    + card.final_norm_params() as f64;
+                params.0 +=
+                    (card.output_params() as f64) / l.tp as f64 + card.final_norm_params() as f64;
             }
             if st.mtp > 0 {
                 // Each MTP module: a decoder layer of the last layer's kind plus its own
@@ -818,6 +850,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
         pp_comm: tl.p2p_wait,
         dp_comm: parts.dp + dp_exposed,
         bubble: tl.bubble(),
+        host: parts.host,
         optimizer,
         other,
     };

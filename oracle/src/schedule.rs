@@ -553,7 +553,11 @@ fn dependency(backward: bool, vs: usize, mb: usize, nvs: usize, m: usize) -> (u3
 }
 
 /// Simulate once with a fresh simulator (convenience for tests and one-off calls).
-pub fn simulate(schedule: Schedule, c: &StageCosts, m: usize) -> (ScheduleSummary, Vec<RankTimeline>) {
+pub fn simulate(
+    schedule: Schedule,
+    c: &StageCosts,
+    m: usize,
+) -> (ScheduleSummary, Vec<RankTimeline>) {
     let mut sim = Simulator::new();
     let s = sim.run(schedule, c, m);
     (s, sim.ranks().to_vec())

@@ -21,7 +21,7 @@ use crate::error::PlanError;
 use crate::layout::Layout;
 use crate::plan::{Cluster, Precision, Scenario, Training, from_value_at};
 use crate::profiles::Catalog;
-use crate::projection::{self, Projection};
+use crate::projection::{self, Breakdown, Projection};
 
 /// The columns every row must have.
 pub const REQUIRED_COLUMNS: &[&str] = &[
@@ -126,6 +126,10 @@ pub struct RowResult {
     pub dominant: Option<String>,
     /// The memory model says the layout fits.
     pub fits: Option<bool>,
+    /// Projected step breakdown (seconds).
+    pub breakdown: Option<Breakdown>,
+    /// Projected bubble fraction.
+    pub bubble_fraction: Option<f64>,
     pub status: RowStatus,
     /// Assumptions made for the row (e.g. the pipeline split).
     pub notes: Vec<String>,
@@ -361,6 +365,8 @@ fn empty_result(row: &Row, status: RowStatus) -> RowResult {
         mfu: None,
         dominant: None,
         fits: None,
+        breakdown: None,
+        bubble_fraction: None,
         status,
         notes: Vec::new(),
     }
@@ -519,6 +525,8 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
     result.mfu = Some(p.mfu);
     result.dominant = Some(p.dominant.as_str().to_string());
     result.fits = Some(p.memory.fits);
+    result.breakdown = Some(p.breakdown);
+    result.bubble_fraction = Some(p.bubble_fraction);
     result.notes = notes;
     result
 }
@@ -565,7 +573,12 @@ fn summarize(rows: Vec<RowResult>, records: &[(usize, Vec<String>)], header: &[S
             .iter()
             .enumerate()
             .filter(|(_, h)| !ignore.contains(&h.as_str()))
-            .map(|(j, _)| fields.get(j).map(|f| f.trim().to_string()).unwrap_or_default())
+            .map(|(j, _)| {
+                fields
+                    .get(j)
+                    .map(|f| f.trim().to_string())
+                    .unwrap_or_default()
+            })
             .collect();
         by_key.entry(key).or_default().push(i);
     }

@@ -3,7 +3,14 @@
 use primus_oracle::layout::Schedule;
 use primus_oracle::schedule::{PassKind, Simulator, StageCosts, simulate};
 
-fn costs<'a>(pp: usize, vpp: usize, f: &'a [f64], b: &'a [f64], w: &'a [f64], p2p: f64) -> StageCosts<'a> {
+fn costs<'a>(
+    pp: usize,
+    vpp: usize,
+    f: &'a [f64],
+    b: &'a [f64],
+    w: &'a [f64],
+    p2p: f64,
+) -> StageCosts<'a> {
     StageCosts {
         pp,
         vpp,

@@ -22,7 +22,10 @@ pub struct Args {
 /// The breakdown table: seconds and share of the step per term.
 pub fn breakdown_table(p: &Projection) -> String {
     let step = p.step_time_seconds;
-    let mut out = format!("{:<26} {:>11} {:>7}\n", "STEP BREAKDOWN", "SECONDS", "SHARE");
+    let mut out = format!(
+        "{:<26} {:>11} {:>7}\n",
+        "STEP BREAKDOWN", "SECONDS", "SHARE"
+    );
     let names = [
         ("compute", "compute"),
         ("tp", "TP/SP communication"),
@@ -31,6 +34,7 @@ pub fn breakdown_table(p: &Projection) -> String {
         ("pp", "PP point-to-point"),
         ("dp", "DP/FSDP communication"),
         ("bubble", "pipeline bubble"),
+        ("host", "host-bound (MoE)"),
         ("optimizer", "optimizer step"),
         ("other", "other overheads"),
     ];
@@ -86,7 +90,10 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             );
             println!();
             print!("{}", breakdown_table(&proj));
-            println!("(exposed seconds on the critical pipeline stage {})", proj.critical_stage);
+            println!(
+                "(exposed seconds on the critical pipeline stage {})",
+                proj.critical_stage
+            );
             println!();
             print!("{}", super::memory::table(&proj.memory));
             Ok(())

@@ -117,7 +117,11 @@ pub fn table(r: &Report) -> String {
             g.ids.join("/"),
             g.measured_order.join(" > "),
             g.projected_order.join(" > "),
-            if g.preserved { "preserved" } else { "NOT preserved" }
+            if g.preserved {
+                "preserved"
+            } else {
+                "NOT preserved"
+            }
         ));
     }
     out
