@@ -6,6 +6,7 @@
 //! [`plan::Cluster`], the [`plan::Training`] settings and a [`layout::Layout`]. The
 //! [`plan`] module parses the same TrainingPlan YAML that `kubectl apply` sends.
 
+pub mod bench;
 pub mod calibrate;
 pub mod collectives;
 pub mod compute;

@@ -20,12 +20,17 @@ enum Command {
     /// Per-stage, per-GPU memory of the plan's layout (weights, gradients, optimizer,
     /// activations, other) against the GPU's capacity.
     Memory(cli::memory::Args),
+    /// Benchmark one node for a plan (or simulate it) and print the results or post them as a
+    /// BenchmarkReport.
+    Bench(cli::bench::Args),
     /// Project step time, throughput, MFU and memory of the plan's layout (`spec.parallelism`).
     Project(cli::project::Args),
     /// Project every row of a published-measurements CSV and report the errors.
     Validate(cli::validate::Args),
     /// Draw the pipeline schedule of the plan's layout as an SVG.
     Timeline(cli::timeline::Args),
+    /// Report measured throughput of a running job to its TrainingPlan (`status.measured`).
+    Report(cli::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +38,8 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Profiles(a) => cli::profiles::run(a),
         Command::Memory(a) => cli::memory::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+        Command::Report(a) => cli::report::run(a),
         Command::Project(a) => cli::project::run(a),
         Command::Validate(a) => cli::validate::run(a),
         Command::Timeline(a) => cli::timeline::run(a),

@@ -8,9 +8,13 @@ use crate::error::PlanError;
 use crate::plan::{Plan, load_plan};
 use crate::profiles::Catalog;
 
+pub mod bench;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod memory;
 pub mod profiles;
 pub mod project;
+pub mod report;
 pub mod timeline;
 pub mod validate;
 

@@ -1,0 +1,293 @@
+//! `primus bench`: benchmark one node for a plan and post the results.
+//!
+//! `primus bench -f plan.yaml --backend simulate` prints the results as JSON (or writes them
+//! with `-o FILE`). In a benchmark pod the operator runs
+//! `primus bench --plan NS/NAME --backend B --report-to NS/REPORT`: the plan is read from the
+//! API and the results are written as a `BenchmarkReport` owned by the plan. The GPU backends
+//! (`rocm`, `cuda`) are not built yet; they fail with one clear line.
+
+use std::path::PathBuf;
+
+use crate::bench::simulate::{Provenance, simulate};
+use crate::hardware::Vendor;
+use crate::plan::{Plan, parse_plan, parse_yaml_value};
+use crate::report::{Backend, BenchmarkResults};
+
+use super::{CliError, Common, catalog};
+
+/// Measurement backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// AMD GPUs (HIP, hipBLASLt, RCCL).
+    Rocm,
+    /// NVIDIA GPUs (CUDA, cuBLASLt, NCCL).
+    Cuda,
+    /// No GPU: the analytic model's numbers, marked as simulated.
+    Simulate,
+}
+
+impl From<BackendArg> for Backend {
+    fn from(b: BackendArg) -> Backend {
+        match b {
+            BackendArg::Rocm => Backend::Rocm,
+            BackendArg::Cuda => Backend::Cuda,
+            BackendArg::Simulate => Backend::Simulate,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["file", "plan"])))]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// TrainingPlan file (YAML or JSON).
+    #[arg(short = 'f', long = "file", value_name = "PLAN")]
+    pub file: Option<PathBuf>,
+    /// A TrainingPlan in the cluster: NAMESPACE/NAME (or NAME in the kubeconfig's namespace).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub plan: Option<String>,
+    /// Measurement backend (default: the plan's `spec.benchmark.backend`, else the GPU
+    /// vendor's).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+    /// Shorthand for `--backend simulate`.
+    #[arg(long, conflicts_with = "backend")]
+    pub simulate: bool,
+    /// Write the results as a BenchmarkReport NAMESPACE/NAME (created or updated).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub report_to: Option<String>,
+    /// Make the report owned by this TrainingPlan (in the report's namespace); by default the
+    /// `--plan` plan owns it when it lives in the same namespace.
+    #[arg(long, value_name = "NAME")]
+    pub owner_plan: Option<String>,
+    /// Also write the results as JSON to this file.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// `spec.benchmark.backend` of a TrainingPlan document or spec, when set.
+fn spec_backend(spec: &serde_json::Value) -> Result<Option<Backend>, CliError> {
+    match spec.get("benchmark").and_then(|b| b.get("backend")) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|_| {
+            CliError::Input(format!(
+                "spec.benchmark.backend: {v} is not one of rocm, cuda, simulate"
+            ))
+        }),
+    }
+}
+
+fn choose_backend(args: &Args, from_spec: Option<Backend>, plan: &Plan) -> Backend {
+    if args.simulate {
+        return Backend::Simulate;
+    }
+    if let Some(b) = args.backend {
+        return b.into();
+    }
+    from_spec.unwrap_or(match plan.scenario.hardware.vendor {
+        Vendor::Amd => Backend::Rocm,
+        Vendor::Nvidia => Backend::Cuda,
+    })
+}
+
+/// Now, RFC 3339 in UTC.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// The node this runs on: `NODE_NAME` (the downward API in a benchmark pod), else the host name.
+pub fn node_name() -> String {
+    if let Ok(n) = std::env::var("NODE_NAME")
+        && !n.trim().is_empty()
+    {
+        return n.trim().to_string();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Run the benchmark of `plan` with `backend`.
+pub fn measure(plan: &Plan, backend: Backend) -> Result<BenchmarkResults, CliError> {
+    match backend {
+        Backend::Simulate => {
+            let started_at = now_rfc3339();
+            let mut results = simulate(
+                plan,
+                Provenance {
+                    node: node_name(),
+                    started_at,
+                    finished_at: String::new(),
+                },
+            );
+            results.finished_at = now_rfc3339();
+            Ok(results)
+        }
+        Backend::Rocm | Backend::Cuda => {
+            let name = if backend == Backend::Rocm {
+                "rocm"
+            } else {
+                "cuda"
+            };
+            Err(CliError::Failed(format!(
+                "the {name} benchmark backend is not available in this build yet; use --backend simulate"
+            )))
+        }
+    }
+}
+
+fn write_output(args: &Args, results: &BenchmarkResults) -> Result<(), CliError> {
+    if let Some(path) = &args.output {
+        let text = serde_json::to_string_pretty(results)
+            .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+pub fn run(args: &Args) -> Result<(), CliError> {
+    if let Some(path) = &args.file {
+        let c = catalog(&args.common)?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        let source = path.display().to_string();
+        let plan = parse_plan(&text, &source, &c)?;
+        let doc = parse_yaml_value(&text, &source)?;
+        let spec = doc.get("spec").cloned().unwrap_or(doc);
+        let backend = choose_backend(args, spec_backend(&spec)?, &plan);
+        let results = measure(&plan, backend)?;
+        write_output(args, &results)?;
+        if args.report_to.is_some() {
+            return post(args, &plan, &results);
+        }
+        if args.output.is_none() {
+            super::print_json(&results)?;
+        }
+        return Ok(());
+    }
+    from_cluster(args)
+}
+
+#[cfg(feature = "kube")]
+fn from_cluster(args: &Args) -> Result<(), CliError> {
+    let reference = args.plan.as_deref().unwrap_or_default();
+    let rt = super::kube::runtime()?;
+    rt.block_on(async {
+        let client = super::kube::client().await?;
+        let (ns, name) = super::kube::split_ref(reference, client.default_namespace(), "--plan")?;
+        let object = super::kube::get_plan(&client, &ns, &name).await?;
+        let spec = object
+            .data
+            .get("spec")
+            .cloned()
+            .ok_or_else(|| CliError::Input(format!("trainingplan {ns}/{name}: no spec")))?;
+        let c = catalog(&args.common)?;
+        let plan = crate::plan::PlanSpec::from_json(spec.clone())?.resolve(&name, &c)?;
+        let backend = choose_backend(args, spec_backend(&spec)?, &plan);
+        let results = measure(&plan, backend)?;
+        write_output(args, &results)?;
+        if args.report_to.is_some() {
+            post_async(args, &client, &plan, Some((&ns, &object)), &results).await
+        } else {
+            if args.output.is_none() {
+                super::print_json(&results)?;
+            }
+            Ok(())
+        }
+    })
+}
+
+#[cfg(not(feature = "kube"))]
+fn from_cluster(_args: &Args) -> Result<(), CliError> {
+    Err(CliError::Input(
+        "--plan: this primus was built without the `kube` feature; use -f PLAN".into(),
+    ))
+}
+
+#[cfg(feature = "kube")]
+fn post(args: &Args, plan: &Plan, results: &BenchmarkResults) -> Result<(), CliError> {
+    let rt = super::kube::runtime()?;
+    rt.block_on(async {
+        let client = super::kube::client().await?;
+        post_async(args, &client, plan, None, results).await
+    })
+}
+
+#[cfg(not(feature = "kube"))]
+fn post(_args: &Args, _plan: &Plan, _results: &BenchmarkResults) -> Result<(), CliError> {
+    Err(CliError::Input(
+        "--report-to: this primus was built without the `kube` feature; use -o FILE".into(),
+    ))
+}
+
+/// Create or update the BenchmarkReport (server-side apply under `primus-bench`).
+#[cfg(feature = "kube")]
+async fn post_async(
+    args: &Args,
+    client: &kube::Client,
+    plan: &Plan,
+    source: Option<(&str, &kube::api::DynamicObject)>,
+    results: &BenchmarkResults,
+) -> Result<(), CliError> {
+    use super::kube::{
+        BENCH_MANAGER, PLAN_LABEL, api_error, get_plan, plan_owner_reference, report_resource,
+        split_ref, timed,
+    };
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+
+    let target = args.report_to.as_deref().unwrap_or_default();
+    let (ns, name) = split_ref(target, client.default_namespace(), "--report-to")?;
+    let owner = match (&args.owner_plan, source) {
+        (Some(owner), _) => {
+            let o = get_plan(client, &ns, owner).await?;
+            plan_owner_reference(&o)
+        }
+        (None, Some((plan_ns, object))) if plan_ns == ns => plan_owner_reference(object),
+        _ => None,
+    };
+    let mut metadata = serde_json::json!({"name": name, "namespace": ns});
+    if plan.name.len() <= 63 {
+        metadata["labels"] = serde_json::json!({
+            PLAN_LABEL: plan.name,
+            "app.kubernetes.io/managed-by": "primus",
+        });
+    }
+    if let Some(o) = owner {
+        metadata["ownerReferences"] = serde_json::json!([o]);
+    }
+    let body = serde_json::json!({
+        "apiVersion": format!("{}/{}", super::kube::GROUP, super::kube::VERSION),
+        "kind": "BenchmarkReport",
+        "metadata": metadata,
+        "spec": {"plan": plan.name, "results": results},
+    });
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &report_resource());
+    let what = format!("benchmarkreport {ns}/{name}");
+    timed(
+        &what,
+        api.patch(
+            &name,
+            &PatchParams::apply(BENCH_MANAGER).force(),
+            &Patch::Apply(&body),
+        ),
+    )
+    .await?
+    .map_err(|e| api_error(&what, &e))?;
+    eprintln!(
+        "{what} written: backend {}, {} ops, {} collectives, node {}",
+        match results.backend {
+            Backend::Rocm => "rocm",
+            Backend::Cuda => "cuda",
+            Backend::Simulate => "simulate",
+        },
+        results.ops.len(),
+        results.collectives.len(),
+        results.node
+    );
+    Ok(())
+}

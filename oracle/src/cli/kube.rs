@@ -1,0 +1,160 @@
+//! The Kubernetes side of the CLI (`primus bench --plan/--report-to`, `primus report`): a client
+//! from `KUBECONFIG` (or `~/.kube/config`, or the pod's service account in a cluster) and the
+//! two Primus kinds as untyped objects. The oracle cannot depend on the `primus-crds` crate (it
+//! depends on the oracle), so TrainingPlan and BenchmarkReport travel as
+//! [`DynamicObject`]s here; their field names are the CRDs'.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+
+use super::CliError;
+
+/// API group of the Primus kinds.
+pub const GROUP: &str = "primus.dev";
+/// Their version.
+pub const VERSION: &str = "v1alpha1";
+/// Label (and annotation) naming the TrainingPlan an object belongs to.
+pub const PLAN_LABEL: &str = "primus.dev/plan";
+/// Field manager of `primus report` (the owner of `status.measured`).
+pub const REPORT_MANAGER: &str = "primus-report";
+/// Field manager of `primus bench --report-to`.
+pub const BENCH_MANAGER: &str = "primus-bench";
+/// How long one API call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// `trainingplans.primus.dev`.
+pub fn plan_resource() -> ApiResource {
+    resource("TrainingPlan", "trainingplans")
+}
+
+/// `benchmarkreports.primus.dev`.
+pub fn report_resource() -> ApiResource {
+    resource("BenchmarkReport", "benchmarkreports")
+}
+
+/// A single-threaded async runtime for one command.
+pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("cannot start the async runtime: {e}")))
+}
+
+/// Install rustls' ring provider once (the project's single TLS stack).
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A client from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
+pub async fn client() -> Result<kube::Client, CliError> {
+    install_crypto_provider();
+    timed(
+        "connecting to the Kubernetes API",
+        kube::Client::try_default(),
+    )
+    .await?
+    .map_err(|e| CliError::Failed(format!("no usable Kubernetes configuration: {e}")))
+}
+
+/// Run one API call with [`CALL_TIMEOUT`].
+pub async fn timed<T>(what: &str, f: impl Future<Output = T>) -> Result<T, CliError> {
+    tokio::time::timeout(CALL_TIMEOUT, f)
+        .await
+        .map_err(|_| CliError::Failed(format!("{what}: no answer within {CALL_TIMEOUT:?}")))
+}
+
+/// Split `NAMESPACE/NAME` (or a bare `NAME`, in `default_ns`). `flag` names the argument in
+/// errors.
+pub fn split_ref(s: &str, default_ns: &str, flag: &str) -> Result<(String, String), CliError> {
+    let (ns, name) = match s.split_once('/') {
+        Some((ns, name)) => (ns, name),
+        None => (default_ns, s),
+    };
+    let valid = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    if !valid(ns) || !valid(name) || name.contains('/') {
+        return Err(CliError::Input(format!(
+            "{flag}: {s:?} is not NAMESPACE/NAME or NAME (lower-case letters, digits, '-' and '.')"
+        )));
+    }
+    Ok((ns.to_string(), name.to_string()))
+}
+
+/// Describe an API error in one line.
+pub fn api_error(what: &str, e: &kube::Error) -> CliError {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => {
+            CliError::Failed(format!("{what}: not found ({})", s.message))
+        }
+        kube::Error::Api(s) if s.code == 403 => {
+            CliError::Failed(format!("{what}: forbidden ({})", s.message))
+        }
+        kube::Error::Api(s) => CliError::Failed(format!("{what}: {} ({})", s.message, s.code)),
+        other => CliError::Failed(format!("{what}: {other}")),
+    }
+}
+
+/// Read a TrainingPlan.
+pub async fn get_plan(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<DynamicObject, CliError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &plan_resource());
+    let what = format!("trainingplan {namespace}/{name}");
+    timed(&what, api.get(name))
+        .await?
+        .map_err(|e| api_error(&what, &e))
+}
+
+/// A controller owner reference to a TrainingPlan object.
+pub fn plan_owner_reference(plan: &DynamicObject) -> Option<serde_json::Value> {
+    let name = plan.metadata.name.as_ref()?;
+    let uid = plan.metadata.uid.as_ref()?;
+    Some(serde_json::json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "TrainingPlan",
+        "name": name,
+        "uid": uid,
+        "controller": true,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_split_with_a_default_namespace() {
+        assert_eq!(
+            split_ref("ns/p", "default", "--plan").unwrap(),
+            ("ns".to_string(), "p".to_string())
+        );
+        assert_eq!(
+            split_ref("p", "team", "--plan").unwrap(),
+            ("team".to_string(), "p".to_string())
+        );
+        for bad in ["", "/p", "ns/", "a/b/c", "Plan", "ns/p q"] {
+            assert!(split_ref(bad, "default", "--plan").is_err(), "{bad:?}");
+        }
+    }
+}
