@@ -257,7 +257,7 @@ impl HardwareProfile {
                 "must be greater than 0",
             ));
         }
-        if self.scale_up_domain == 0 || self.scale_up_domain % self.gpus_per_node != 0 {
+        if self.scale_up_domain == 0 || !self.scale_up_domain.is_multiple_of(self.gpus_per_node) {
             return Err(FieldError::new(
                 format!("{at}.scaleUpDomain"),
                 format!(
@@ -298,7 +298,7 @@ impl HardwareProfile {
                 ));
             }
         }
-        if !(e.kernel_overhead_us >= 0.0) {
+        if e.kernel_overhead_us.is_nan() || e.kernel_overhead_us < 0.0 {
             return Err(FieldError::new(
                 format!("{at}.efficiency.kernelOverheadUs"),
                 "must be non-negative",

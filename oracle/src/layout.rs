@@ -176,7 +176,7 @@ impl Layout {
     /// Data-parallel size for `gpus` GPUs (None when it does not divide).
     pub fn dp(&self, gpus: u32) -> Option<u32> {
         let mp = self.model_parallel_size();
-        if mp == 0 || gpus % mp != 0 {
+        if mp == 0 || !gpus.is_multiple_of(mp) {
             None
         } else {
             Some(gpus / mp)
@@ -188,7 +188,7 @@ impl Layout {
     pub fn expert_dp(&self, gpus: u32) -> Option<u32> {
         let per_stage = gpus / self.pp.max(1);
         let grid = self.ep * self.etp;
-        if grid == 0 || per_stage % grid != 0 {
+        if grid == 0 || !per_stage.is_multiple_of(grid) {
             None
         } else {
             Some(per_stage / grid)

@@ -30,17 +30,17 @@
 
 use serde::Serialize;
 
-use crate::layout::{Layout, Recompute};
+use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::LayerKind;
 use crate::plan::{Precision, Scenario};
 
 pub mod activations;
 
+use activations::{ACT_BYTES, ChunkSplit, FP32_BYTES};
 pub use activations::{
     ActivationTerms, Keep, MemoryOptions, deferred_wgrad_microbatches, inflight_in_chunk,
     inflight_microbatches, layer_terms, wgrad_terms,
 };
-use activations::{ACT_BYTES, FP32_BYTES};
 
 /// BF16 model weight, bytes per parameter.
 pub const WEIGHT_BYTES: f64 = 2.0;
@@ -139,10 +139,13 @@ struct Ctx<'a> {
     dense_linear: f64,
     moe_dense_linear: f64,
     moe_expert_linear: f64,
-    /// Per micro-batch activation bytes of a layer kept whole (per the layout's recompute),
-    /// of a fully recomputed layer, and its deferred-W bytes.
+    /// Per micro-batch activation bytes of a layer as the layout keeps it (everything, or all
+    /// but the attention core with selective recompute), of a layer keeping everything, of a
+    /// fully recomputed layer (its input), and its deferred-W bytes.
     act_dense: f64,
     act_moe: f64,
+    act_all_dense: f64,
+    act_all_moe: f64,
     act_input: f64,
     wgrad_dense: f64,
     wgrad_moe: f64,
@@ -176,7 +179,28 @@ impl<'a> Ctx<'a> {
         };
         let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
         let precision = s.training.precision;
+        let zero_bubble = l.schedule == Schedule::ZeroBubble;
+        let act_dense = bytes(layer_terms(
+            card,
+            LayerKind::Dense,
+            keep,
+            l.etp,
+            precision,
+            opts,
+        ));
         let has_moe = card.moe.is_some();
+        let act_moe = if has_moe {
+            bytes(layer_terms(
+                card,
+                LayerKind::Moe,
+                keep,
+                l.etp,
+                precision,
+                opts,
+            ))
+        } else {
+            0.0
+        };
         let moe_dispatch = match &card.moe {
             Some(m) => {
                 let copies = m.top_k as f64
@@ -203,15 +227,46 @@ impl<'a> Ctx<'a> {
             dense_linear: dense.non_expert_linear_per_gpu(l.tp),
             moe_dense_linear: moe.non_expert_linear_per_gpu(l.tp),
             moe_expert_linear: moe.expert_linear_per_gpu(l.ep, l.etp),
-            act_dense: bytes(layer_terms(card, LayerKind::Dense, keep, l.etp, precision, opts)),
-            act_moe: if has_moe {
-                bytes(layer_terms(card, LayerKind::Moe, keep, l.etp, precision, opts))
+            act_dense,
+            act_moe,
+            act_all_dense: if keep == Keep::All {
+                act_dense
+            } else {
+                bytes(layer_terms(
+                    card,
+                    LayerKind::Dense,
+                    Keep::All,
+                    l.etp,
+                    precision,
+                    opts,
+                ))
+            },
+            act_all_moe: if keep == Keep::All || !has_moe {
+                act_moe
+            } else {
+                bytes(layer_terms(
+                    card,
+                    LayerKind::Moe,
+                    Keep::All,
+                    l.etp,
+                    precision,
+                    opts,
+                ))
+            },
+            act_input: bytes(layer_terms(
+                card,
+                LayerKind::Dense,
+                Keep::Input,
+                l.etp,
+                precision,
+                opts,
+            )),
+            wgrad_dense: if zero_bubble {
+                bytes(wgrad_terms(card, LayerKind::Dense, l.etp))
             } else {
                 0.0
             },
-            act_input: bytes(layer_terms(card, LayerKind::Dense, Keep::Input, l.etp, precision, opts)),
-            wgrad_dense: bytes(wgrad_terms(card, LayerKind::Dense, l.etp)),
-            wgrad_moe: if has_moe {
+            wgrad_moe: if has_moe && zero_bubble {
                 bytes(wgrad_terms(card, LayerKind::Moe, l.etp))
             } else {
                 0.0
@@ -244,7 +299,8 @@ impl<'a> Ctx<'a> {
         let mut logits = 0.0;
         let mut recompute_transient: f64 = 0.0;
         let mut wgrad_per_mb = 0.0;
-        let mut inflight = 0u32;
+        let inflight = inflight_microbatches(l, rank, self.m);
+        let split = ChunkSplit::new(l, inflight, self.chunks);
         for c in 0..self.chunks {
             let vs = l.virtual_stage(card.layers, card.mtp_layers, rank, c);
             // Dense layers are the model's first `dense_layers` layers.
@@ -261,8 +317,7 @@ impl<'a> Ctx<'a> {
             loss |= vs.loss;
             needs_embedding_table |= vs.embedding || vs.mtp > 0;
             needs_output_table |= vs.loss || vs.mtp > 0;
-            let count = inflight_in_chunk(l, rank, self.m, c) as f64;
-            inflight += inflight_in_chunk(l, rank, self.m, c);
+            let count = split.share(c) as f64;
             // Full recompute of the chunk's first `recomputed` layers (dense ones first).
             let recomputed = match l.recompute {
                 Recompute::Full if l.recompute_layers == 0 => vs.layers,
@@ -274,11 +329,22 @@ impl<'a> Ctx<'a> {
             let mut per_mb = (nd - rd) as f64 * self.act_dense
                 + (nm - rm) as f64 * self.act_moe
                 + recomputed as f64 * self.act_input;
+            // The backward pass of a recomputed layer (or attention core) rematerialises what
+            // it did not keep, for one micro-batch at a time.
             if rd > 0 {
-                recompute_transient = recompute_transient.max(self.act_dense - self.act_input);
+                recompute_transient = recompute_transient.max(self.act_all_dense - self.act_input);
             }
             if rm > 0 {
-                recompute_transient = recompute_transient.max(self.act_moe - self.act_input);
+                recompute_transient = recompute_transient.max(self.act_all_moe - self.act_input);
+            }
+            if l.recompute == Recompute::Selective {
+                if nd > 0 {
+                    recompute_transient =
+                        recompute_transient.max(self.act_all_dense - self.act_dense);
+                }
+                if nm > 0 {
+                    recompute_transient = recompute_transient.max(self.act_all_moe - self.act_moe);
+                }
             }
             if vs.mtp > 0 {
                 // Each MTP module: a layer of the last layer's kind, plus the inputs of its two
@@ -298,22 +364,23 @@ impl<'a> Ctx<'a> {
                 // Logits: fp32 softmax kept per in-flight micro-batch for the main head and
                 // each MTP head, plus one micro-batch's bf16 logits during the cast.
                 let per_logit_set = self.tokens * self.vocab_padded / self.tp;
-                logits = per_logit_set
-                    * (FP32_BYTES * (1 + vs.mtp) as f64 * count.max(1.0) + ACT_BYTES);
+                logits = per_logit_set * (FP32_BYTES * (1 + vs.mtp) as f64 * count + ACT_BYTES);
             }
             activations += count * per_mb;
             wgrad_per_mb += nd as f64 * self.wgrad_dense + nm as f64 * self.wgrad_moe;
         }
         activations += logits + recompute_transient;
-        let deferred = deferred_wgrad_microbatches(l, rank, self.m) as f64;
-        activations += deferred * wgrad_per_mb;
+        let deferred = activations::deferred_wgrad(l, rank, self.m, inflight);
+        if deferred > 0 {
+            activations += deferred as f64 * wgrad_per_mb;
+        }
 
         // Parameters on this GPU: non-expert ("dense", sharded over DP x CP) and expert.
         let vocab_table = self.vocab_padded * h / self.tp;
         let positions = (card.position_embeddings as f64) * h;
         let tables = needs_embedding_table as u32 + needs_output_table as u32;
-        let shared_tied = card.tied_embeddings && needs_embedding_table && needs_output_table
-            && l.pp <= 1;
+        let shared_tied =
+            card.tied_embeddings && needs_embedding_table && needs_output_table && l.pp <= 1;
         let table_count = tables - shared_tied as u32;
         let mut dense_params = dense_count as f64 * self.dense_params
             + moe_count as f64 * self.moe_dense_params
@@ -349,8 +416,8 @@ impl<'a> Ctx<'a> {
             expert_linear += mtp as f64 * layer_expert_linear;
         }
 
-        let weights_shard = dense_params / self.dense_weight_shard
-            + expert_params / self.expert_weight_shard;
+        let weights_shard =
+            dense_params / self.dense_weight_shard + expert_params / self.expert_weight_shard;
         let mut weights = WEIGHT_BYTES * weights_shard;
         if self.fp8 {
             weights += FP8_WEIGHT_COPY_BYTES
@@ -424,15 +491,13 @@ pub fn peak_bytes(s: &Scenario, l: &Layout) -> (f64, u32) {
 pub fn estimate_with(s: &Scenario, l: &Layout, opts: &MemoryOptions) -> MemoryReport {
     let ctx = Ctx::new(s, l, opts);
     let stages: Vec<StageMemory> = (0..l.pp.max(1)).map(|r| ctx.stage(r)).collect();
-    let (peak, bottleneck) = stages
-        .iter()
-        .fold((f64::NEG_INFINITY, 0), |(p, b), st| {
-            if st.total_bytes > p {
-                (st.total_bytes, st.stage)
-            } else {
-                (p, b)
-            }
-        });
+    let (peak, bottleneck) = stages.iter().fold((f64::NEG_INFINITY, 0), |(p, b), st| {
+        if st.total_bytes > p {
+            (st.total_bytes, st.stage)
+        } else {
+            (p, b)
+        }
+    });
     report(s, stages, peak, bottleneck)
 }
 

@@ -246,8 +246,10 @@ impl LayerParams {
     /// Non-expert parameters one GPU holds at tensor-parallel size `tp`.
     pub fn non_expert_per_gpu(&self, tp: u32) -> f64 {
         let tp = tp.max(1) as f64;
-        (self.attention_linear_tp + self.attention_small_tp + self.mlp_linear_tp + self.mlp_small_tp)
-            as f64
+        (self.attention_linear_tp
+            + self.attention_small_tp
+            + self.mlp_linear_tp
+            + self.mlp_small_tp) as f64
             / tp
             + (self.attention_linear_dup
                 + self.attention_small_dup
@@ -480,7 +482,9 @@ impl ModelCard {
         } else {
             self.output_params()
         };
-        self.embedding_params() + self.layers_total(LayerParams::total) + self.final_norm_params()
+        self.embedding_params()
+            + self.layers_total(LayerParams::total)
+            + self.final_norm_params()
             + output
     }
 
@@ -499,7 +503,9 @@ impl ModelCard {
         } else {
             self.output_params()
         };
-        self.embedding_params() + self.layers_total(LayerParams::active) + self.final_norm_params()
+        self.embedding_params()
+            + self.layers_total(LayerParams::active)
+            + self.final_norm_params()
             + output
     }
 
@@ -534,7 +540,7 @@ impl ModelCard {
         pos("vocabSize", self.vocab_size)?;
         if let Some(kv) = self.kv_heads {
             pos("kvHeads", kv as u64)?;
-            if self.attention_heads % kv != 0 {
+            if !self.attention_heads.is_multiple_of(kv) {
                 return Err(FieldError::new(
                     format!("{at}.kvHeads"),
                     format!(
@@ -546,7 +552,9 @@ impl ModelCard {
         }
         if let Some(d) = self.head_dim {
             pos("headDim", d)?;
-        } else if self.mla.is_none() && self.hidden_size % self.attention_heads as u64 != 0 {
+        } else if self.mla.is_none()
+            && !self.hidden_size.is_multiple_of(self.attention_heads as u64)
+        {
             return Err(FieldError::new(
                 format!("{at}.headDim"),
                 format!(

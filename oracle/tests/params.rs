@@ -229,5 +229,8 @@ fn gpt_1t() {
 #[test]
 fn every_preset_has_a_test() {
     let names = Catalog::builtin().unwrap().model_names().len();
-    assert_eq!(names, 15, "a new preset needs its own parameter-count test here");
+    assert_eq!(
+        names, 15,
+        "a new preset needs its own parameter-count test here"
+    );
 }

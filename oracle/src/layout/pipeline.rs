@@ -253,7 +253,13 @@ impl Layout {
     /// decoder layers and `mtp_layers` MTP layers (which Megatron places with the loss, on the
     /// last stage, unless the layout says otherwise). O(1), no allocation. The layout is
     /// assumed legal ([`Layout::check`]).
-    pub fn virtual_stage(&self, layers: u32, mtp_layers: u32, rank: u32, chunk: u32) -> VirtualStage {
+    pub fn virtual_stage(
+        &self,
+        layers: u32,
+        mtp_layers: u32,
+        rank: u32,
+        chunk: u32,
+    ) -> VirtualStage {
         let pp = self.pp.max(1);
         let k = (chunk * pp + rank) as usize;
         if let Some(pl) = &self.pipeline_layout {
@@ -280,11 +286,11 @@ impl Layout {
                 let f = first.unwrap_or(0);
                 let l = last.unwrap_or(0);
                 let middle_stages = pp - first.is_some() as u32 - last.is_some() as u32;
-                let middle_per_chunk = if middle_stages > 0 {
-                    layers.saturating_sub(f + l) / middle_stages / vpp
-                } else {
-                    0
-                };
+                let middle_per_chunk = layers
+                    .saturating_sub(f + l)
+                    .checked_div(middle_stages)
+                    .unwrap_or(0)
+                    / vpp;
                 let first_chunk = if first.is_some() {
                     f / vpp
                 } else {

@@ -90,7 +90,7 @@ impl Layout {
     fn check_grid(&self, s: &Scenario) -> Result<(), LayoutError> {
         let gpus = s.cluster.gpus;
         let mp = self.model_parallel_size();
-        if gpus % mp != 0 {
+        if !gpus.is_multiple_of(mp) {
             return Err(LayoutError::new(
                 "gpus-divisible",
                 "spec.cluster.gpus",
@@ -106,7 +106,7 @@ impl Layout {
     fn check_tensor_parallel(&self, s: &Scenario) -> Result<(), LayoutError> {
         let m = &s.model;
         let tp = self.tp;
-        if m.attention_heads % tp != 0 {
+        if !m.attention_heads.is_multiple_of(tp) {
             return fail(
                 "tp-divides-heads",
                 "tp",
@@ -117,7 +117,7 @@ impl Layout {
             );
         }
         // Megatron: num_query_groups % tensor_model_parallel_size == 0 (MLA has no groups).
-        if m.mla.is_none() && m.kv_heads() % tp != 0 {
+        if m.mla.is_none() && !m.kv_heads().is_multiple_of(tp) {
             return fail(
                 "tp-divides-kv-heads",
                 "tp",
@@ -127,18 +127,15 @@ impl Layout {
                 ),
             );
         }
-        if m.dense_layer_count() > 0 && m.ffn_hidden_size % tp as u64 != 0 {
+        if m.dense_layer_count() > 0 && !m.ffn_hidden_size.is_multiple_of(tp as u64) {
             return fail(
                 "tp-divides-ffn",
                 "tp",
-                format!(
-                    "{tp} does not divide ffnHiddenSize {}",
-                    m.ffn_hidden_size
-                ),
+                format!("{tp} does not divide ffnHiddenSize {}", m.ffn_hidden_size),
             );
         }
         let shared = m.shared_expert_ffn();
-        if shared > 0 && shared % tp as u64 != 0 {
+        if shared > 0 && !shared.is_multiple_of(tp as u64) {
             return fail(
                 "tp-divides-ffn",
                 "tp",
@@ -202,7 +199,7 @@ impl Layout {
         }
         let (first, last) = (self.first_stage_layers, self.last_stage_layers);
         if first.is_none() && last.is_none() {
-            if layers % (pp * vpp) != 0 {
+            if !layers.is_multiple_of(pp * vpp) {
                 return fail(
                     "pp-divides-layers",
                     "pp",
@@ -220,14 +217,21 @@ impl Layout {
             "lastStageLayers"
         };
         if pp == 1 {
-            return fail("uneven-split", name, "an uneven pipeline split needs pp > 1");
+            return fail(
+                "uneven-split",
+                name,
+                "an uneven pipeline split needs pp > 1",
+            );
         }
         let (f, l) = (first.unwrap_or(0), last.unwrap_or(0));
         if f + l > layers {
             return fail(
                 "uneven-split",
                 name,
-                format!("first + last stage layers {} exceed the model's {layers}", f + l),
+                format!(
+                    "first + last stage layers {} exceed the model's {layers}",
+                    f + l
+                ),
             );
         }
         for (n, v) in [("firstStageLayers", first), ("lastStageLayers", last)] {
@@ -254,7 +258,7 @@ impl Layout {
                     ),
                 );
             }
-        } else if middle == 0 || middle % (middle_stages * vpp) != 0 {
+        } else if middle == 0 || !middle.is_multiple_of(middle_stages * vpp) {
             return fail(
                 "uneven-split",
                 name,
@@ -281,7 +285,7 @@ impl Layout {
                 // [pp, m], and m % group must be 0 or >= pp: with the default, m % pp == 0.
                 let m = self.num_microbatches(s);
                 let pp = self.pp as u64;
-                if m < pp || m % pp != 0 {
+                if m < pp || !m.is_multiple_of(pp) {
                     return Err(LayoutError::new(
                         "interleaved-microbatches",
                         "spec.training.globalBatchSize",
@@ -350,7 +354,7 @@ impl Layout {
         // pipeline stage (tp*cp*dp) are regrouped as etp*ep*edp.
         let per_stage = s.cluster.gpus / self.pp;
         let grid = self.ep * self.etp;
-        if per_stage % grid != 0 {
+        if !per_stage.is_multiple_of(grid) {
             return fail(
                 "expert-grid-fits",
                 "ep",
@@ -375,7 +379,7 @@ impl Layout {
         let seq = s.training.seq_length;
         let cp = self.cp as u64;
         // Load-balanced context parallelism splits each sequence into 2*cp chunks.
-        if cp > 1 && seq % (2 * cp) != 0 {
+        if cp > 1 && !seq.is_multiple_of(2 * cp) {
             return fail(
                 "cp-divides-seq",
                 "cp",
@@ -385,7 +389,7 @@ impl Layout {
                 ),
             );
         }
-        if self.sp() && (seq / cp) % self.tp as u64 != 0 {
+        if self.sp() && !(seq / cp).is_multiple_of(self.tp as u64) {
             return fail(
                 "sp-divides-seq",
                 "sequenceParallel",
@@ -403,7 +407,7 @@ impl Layout {
         let dp = self.dp(s.cluster.gpus).unwrap_or(1) as u64;
         let mbs = self.micro_batch_size as u64;
         let gbs = s.training.global_batch_size;
-        if gbs % (mbs * dp) != 0 {
+        if !gbs.is_multiple_of(mbs * dp) {
             return Err(LayoutError::new(
                 "gbs-divisible",
                 "spec.training.globalBatchSize",

@@ -307,19 +307,41 @@ pub fn inflight_microbatches(layout: &Layout, stage: u32, num_microbatches: u32)
 /// (`get_schedule_table`), so at the peak the first chunks hold the most.
 pub fn inflight_in_chunk(layout: &Layout, stage: u32, num_microbatches: u32, chunk: u32) -> u32 {
     let n = inflight_microbatches(layout, stage, num_microbatches);
-    match layout.schedule {
-        Schedule::Interleaved => {
-            let pp = layout.pp.max(1);
-            let cycle = pp * layout.chunks();
-            let rem = n % cycle;
-            (n / cycle) * pp + rem.saturating_sub(chunk * pp).min(pp)
+    ChunkSplit::new(layout, n, layout.chunks()).share(chunk)
+}
+
+/// How `n` in-flight (chunk-)micro-batches of one rank split over its model chunks, with the
+/// divisions done once per rank (the memory model's hot loop asks per chunk).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChunkSplit {
+    interleaved: bool,
+    n: u32,
+    pp: u32,
+    full_cycles: u32,
+    rem: u32,
+}
+
+impl ChunkSplit {
+    pub(crate) fn new(layout: &Layout, n: u32, chunks: u32) -> ChunkSplit {
+        let pp = layout.pp.max(1);
+        let cycle = pp * chunks.max(1);
+        ChunkSplit {
+            interleaved: layout.schedule == Schedule::Interleaved,
+            n,
+            pp,
+            full_cycles: n / cycle,
+            rem: n % cycle,
         }
-        _ => {
-            if chunk == 0 {
-                n
-            } else {
-                0
-            }
+    }
+
+    /// In-flight micro-batches of model chunk `chunk`.
+    pub(crate) fn share(&self, chunk: u32) -> u32 {
+        if self.interleaved {
+            self.full_cycles * self.pp + self.rem.saturating_sub(chunk * self.pp).min(self.pp)
+        } else if chunk == 0 {
+            self.n
+        } else {
+            0
         }
     }
 }
@@ -328,11 +350,19 @@ pub fn inflight_in_chunk(layout: &Layout, stage: u32, num_microbatches: u32, chu
 /// stage i postpones up to i W passes into the bubble, which keeps its memory within 1F1B's
 /// first-stage peak (Qi et al. 2023, section 3.1, ZB-H1). 0 for the other schedules.
 pub fn deferred_wgrad_microbatches(layout: &Layout, stage: u32, num_microbatches: u32) -> u32 {
+    let inflight = inflight_microbatches(layout, stage, num_microbatches);
+    deferred_wgrad(layout, stage, num_microbatches, inflight)
+}
+
+/// [`deferred_wgrad_microbatches`] given the rank's in-flight count.
+pub(crate) fn deferred_wgrad(
+    layout: &Layout,
+    stage: u32,
+    num_microbatches: u32,
+    inflight: u32,
+) -> u32 {
     match layout.schedule {
-        Schedule::ZeroBubble => {
-            let inflight = inflight_microbatches(layout, stage, num_microbatches);
-            stage.min(num_microbatches.saturating_sub(inflight))
-        }
+        Schedule::ZeroBubble => stage.min(num_microbatches.saturating_sub(inflight)),
         _ => 0,
     }
 }
