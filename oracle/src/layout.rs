@@ -215,6 +215,16 @@ impl Layout {
         if self.etp > 1 {
             s.push_str(&format!(" ETP{}", self.etp));
         }
+        if let Some(pl) = &self.pipeline_layout {
+            s.push_str(&format!(" layout={pl}"));
+        } else if self.first_stage_layers.is_some() || self.last_stage_layers.is_some() {
+            let show = |v: Option<u32>| v.map_or("-".to_string(), |n| n.to_string());
+            s.push_str(&format!(
+                " split={}/{}",
+                show(self.first_stage_layers),
+                show(self.last_stage_layers)
+            ));
+        }
         s.push_str(&format!(" MBS{}", self.micro_batch_size));
         match self.recompute {
             Recompute::None => {}
