@@ -1,1 +1,407 @@
-fn main() {}
+//! `primus-operator`: the TrainingPlan controller. Flags are listed by `--help`; every flag
+//! also reads an environment variable (`PRIMUS_*`, `POD_NAME`, `POD_NAMESPACE`).
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::watcher;
+use primus_crds::{BenchmarkReport, TrainingPlan};
+use primus_operator::benchmark::{COMPONENT, COMPONENT_LABEL};
+use primus_operator::http::Health;
+use primus_operator::kubeapi::pytorchjob_resource;
+use primus_operator::leader::{self, Elector};
+use primus_operator::metrics::Metrics;
+use primus_operator::{Config, Context, job, reconcile};
+use primus_oracle::profiles::Catalog;
+use primus_oracle::report::Backend;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// JSON when stderr is not a terminal, human-readable otherwise.
+    Auto,
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Rocm,
+    Cuda,
+    Simulate,
+}
+
+/// The Primus Projection operator: TrainingPlan -> benchmark pods -> projection -> tuning ->
+/// PyTorchJob -> drift.
+#[derive(Debug, Parser)]
+#[command(name = "primus-operator", version)]
+struct Args {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "PRIMUS_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "PRIMUS_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Image of benchmark pods when a plan gives none (it must contain `primus`).
+    #[arg(long, env = "PRIMUS_BENCH_IMAGE")]
+    bench_image: Option<String>,
+    /// Service account of benchmark pods (needs get on trainingplans, create/patch on
+    /// benchmarkreports); the namespace's default when unset.
+    #[arg(long, env = "PRIMUS_BENCH_SERVICE_ACCOUNT")]
+    bench_service_account: Option<String>,
+    /// Benchmark backend when a plan gives none (default: the GPU vendor's).
+    #[arg(long, env = "PRIMUS_BENCH_BACKEND", value_enum)]
+    bench_backend: Option<BackendArg>,
+    /// Elect a leader among replicas with a Lease (disable only for a single replica).
+    #[arg(long, env = "PRIMUS_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "PRIMUS_LEASE_NAME", default_value = "primus-operator")]
+    lease_name: String,
+    /// Namespace of the Lease (default: POD_NAMESPACE, else --namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Seconds a Lease is valid without renewal.
+    #[arg(long, default_value_t = 15.0)]
+    lease_duration_seconds: f64,
+    /// Seconds a leader keeps trying to renew before it steps down (less than the duration).
+    #[arg(long, default_value_t = 10.0)]
+    renew_deadline_seconds: f64,
+    /// Seconds between leader-election attempts.
+    #[arg(long, default_value_t = 2.0)]
+    retry_period_seconds: f64,
+    /// This replica's identity in the Lease (default: POD_NAME, else host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Plans reconciled at the same time.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u16,
+    /// Seconds between passes over a Ready plan (watches trigger the rest).
+    #[arg(long, default_value_t = 600)]
+    resync_seconds: u64,
+    /// Seconds between Prometheus drift queries of a plan.
+    #[arg(long, default_value_t = 60)]
+    drift_interval_seconds: u64,
+    /// Extra profiles directory (models/ and hardware/ YAML files).
+    #[arg(long, env = "PRIMUS_PROFILES_DIR")]
+    profiles_dir: Option<PathBuf>,
+    /// Seconds to finish in-flight work on SIGTERM before exiting anyway.
+    #[arg(long, default_value_t = 5.0)]
+    shutdown_timeout_seconds: f64,
+    /// Log format.
+    #[arg(long, env = "PRIMUS_LOG_FORMAT", value_enum, default_value = "auto")]
+    log_format: LogFormat,
+}
+
+fn secs(s: f64, flag: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .with_context(|| format!("--{flag}: {s} is not a duration in seconds"))
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn")
+    });
+    let json = match format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "primus-operator".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Resolves when `rx` turns true.
+async fn until_true(mut rx: watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            // The sender is gone: nobody can stop us any more, so wait forever.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match rt.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "operator failed");
+            ExitCode::FAILURE
+        }
+    };
+    // A tuning task still running on a blocking thread must not hold the exit.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    code
+}
+
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    primus_operator::install_crypto_provider();
+    let shutdown_timeout = secs(args.shutdown_timeout_seconds, "shutdown-timeout-seconds")?;
+
+    // SIGTERM / SIGINT -> stop.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = term => info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
+        }
+        let _ = stop_tx.send(true);
+    });
+
+    let mut catalog = Catalog::builtin().context("built-in profiles")?;
+    if let Some(dir) = &args.profiles_dir {
+        catalog.load_dir(dir).context("--profiles-dir")?;
+    }
+    let metrics = Metrics::new();
+    let health = Arc::new(Health::default());
+    let (bound, http_task) = primus_operator::http::serve(
+        args.metrics_addr,
+        metrics.clone(),
+        health.clone(),
+        until_true(stop_rx.clone()),
+    )
+    .await
+    .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
+    info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+
+    let client = tokio::select! {
+        c = kube::Client::try_default() => c.context("Kubernetes client configuration")?,
+        _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+    };
+    // Wait for the API server (bounded by the stop signal, not by a count).
+    loop {
+        let probe = tokio::time::timeout(Duration::from_secs(5), client.apiserver_version());
+        tokio::select! {
+            r = probe => match r {
+                Ok(Ok(v)) => {
+                    info!(server = %v.git_version, "connected to the API server");
+                    break;
+                }
+                Ok(Err(e)) => warn!(error = %e, "API server not reachable yet"),
+                Err(_) => warn!("API server did not answer within 5s"),
+            },
+            _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+        }
+    }
+    health.set_ready(true);
+
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let config = Config {
+        bench_image: args
+            .bench_image
+            .clone()
+            .unwrap_or_else(|| Config::default().bench_image),
+        bench_service_account: args.bench_service_account.clone(),
+        bench_backend: args.bench_backend.map(|b| match b {
+            BackendArg::Rocm => Backend::Rocm,
+            BackendArg::Cuda => Backend::Cuda,
+            BackendArg::Simulate => Backend::Simulate,
+        }),
+        resync: Duration::from_secs(args.resync_seconds.max(1)),
+        drift_interval: Duration::from_secs(args.drift_interval_seconds.max(1)),
+        ..Config::default()
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        config,
+        metrics.clone(),
+        catalog,
+        Some(identity.clone()),
+    ));
+
+    // Leader election: only the leader runs the controller.
+    let (halt_tx, halt_rx) = watch::channel(false);
+    let mut holder = None;
+    if args.leader_elect {
+        let lease_namespace = args
+            .lease_namespace
+            .clone()
+            .or_else(|| args.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        let settings = leader::Settings {
+            lease_name: args.lease_name.clone(),
+            namespace: lease_namespace,
+            identity: identity.clone(),
+            lease_duration: secs(args.lease_duration_seconds, "lease-duration-seconds")?,
+            renew_deadline: secs(args.renew_deadline_seconds, "renew-deadline-seconds")?,
+            retry_period: secs(args.retry_period_seconds, "retry-period-seconds")?,
+        };
+        let mut e = Elector::new(client.clone(), settings);
+        let mut stop = stop_rx.clone();
+        info!(identity = %identity, lease = %args.lease_name, "waiting to lead");
+        if leader::acquire(&mut e, &mut stop).await.is_none() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+            return Ok(ExitCode::SUCCESS);
+        }
+        metrics.leader.set(1);
+        info!(identity = %identity, "leading");
+        let halt = halt_tx.clone();
+        let mut stop = stop_rx.clone();
+        holder = Some(tokio::spawn(async move {
+            let clean = leader::hold(&mut e, &mut stop).await;
+            if !clean {
+                let _ = halt.send(true);
+            }
+            (clean, e)
+        }));
+    } else {
+        metrics.leader.set(1);
+    }
+    // Stop the controller on SIGTERM as well.
+    {
+        let halt = halt_tx.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move {
+            until_true(stop).await;
+            let _ = halt.send(true);
+        });
+    }
+
+    let controller =
+        build_controller(&client, args.namespace.as_deref(), &ctx, args.concurrency).await;
+    let forget = ctx.clone();
+    let run = controller
+        .graceful_shutdown_on(until_true(halt_rx.clone()))
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+        .for_each(move |r| {
+            let ctx = forget.clone();
+            async move {
+                match r {
+                    Ok((o, _)) => tracing::debug!(plan = %o, "reconciled"),
+                    Err(controller::Error::ObjectNotFound(o)) => {
+                        ctx.metrics
+                            .forget_plan(o.namespace.as_deref().unwrap_or_default(), &o.name);
+                    }
+                    Err(controller::Error::ReconcilerFailed(..)) => {}
+                    Err(e) => warn!(error = %e, "controller"),
+                }
+            }
+        });
+    let mut run = tokio::spawn(run);
+    tokio::select! {
+        _ = &mut run => warn!("the controller stopped"),
+        _ = until_true(halt_rx.clone()) => {
+            if tokio::time::timeout(shutdown_timeout, &mut run).await.is_err() {
+                warn!(timeout = ?shutdown_timeout, "in-flight reconciles did not finish; exiting anyway");
+                run.abort();
+            }
+        }
+    }
+    metrics.leader.set(0);
+    health.set_ready(false);
+
+    let mut code = ExitCode::SUCCESS;
+    if let Some(h) = holder {
+        match tokio::time::timeout(Duration::from_secs(1), h).await {
+            Ok(Ok((true, mut e))) => {
+                if let Err(err) = e.release().await {
+                    warn!(error = %err, "could not release the lease (it expires by itself)");
+                }
+            }
+            Ok(Ok((false, _))) => {
+                error!("lost leadership; exiting so that a fresh process stands for election");
+                code = ExitCode::FAILURE;
+            }
+            _ => warn!("the lease holder did not stop in time"),
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+    info!("stopped");
+    Ok(code)
+}
+
+async fn build_controller(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    ctx: &Arc<Context>,
+    concurrency: u16,
+) -> Controller<TrainingPlan> {
+    fn api<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let plans: Api<TrainingPlan> = api(client, namespace);
+    let pods: Api<Pod> = api(client, namespace);
+    let reports: Api<BenchmarkReport> = api(client, namespace);
+    let pod_selector = format!(
+        "{COMPONENT_LABEL}={COMPONENT},app.kubernetes.io/managed-by={}",
+        primus_operator::CONTROLLER
+    );
+    let mut c = Controller::new(plans, watcher::Config::default().any_semantic())
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .owns(pods, watcher::Config::default().labels(&pod_selector))
+        .owns(reports, watcher::Config::default());
+    // Watch PyTorchJobs when the CRD is there at start; without it plans re-check it
+    // periodically (a watch on a missing resource would only fail and back off).
+    match job::crd_present(ctx).await {
+        Ok(true) => {
+            let ar = pytorchjob_resource();
+            let jobs: Api<DynamicObject> = match namespace {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                None => Api::all_with(client.clone(), &ar),
+            };
+            c = c.owns_with(jobs, ar, watcher::Config::default());
+        }
+        Ok(false) => {
+            warn!("the PyTorchJob CRD (kubeflow.org/v1) is not installed; plans will say so")
+        }
+        Err(e) => warn!(error = %e, "could not discover the PyTorchJob CRD"),
+    }
+    c
+}

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod kubectl;
+pub mod node_agent;
 pub use kubectl::Kubectl;
 
 /// The repository root.

@@ -260,12 +260,14 @@ async fn post_async(
     if let Some(o) = owner {
         metadata["ownerReferences"] = serde_json::json!([o]);
     }
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "apiVersion": format!("{}/{}", super::kube::GROUP, super::kube::VERSION),
         "kind": "BenchmarkReport",
         "metadata": metadata,
         "spec": {"plan": plan.name, "results": results},
     });
+    // Optional fields go absent, not null: the CRD's schema has no `nullable`.
+    super::kube::strip_nulls(&mut body);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &report_resource());
     let what = format!("benchmarkreport {ns}/{name}");
     timed(

@@ -126,6 +126,19 @@ pub async fn get_plan(
         .map_err(|e| api_error(&what, &e))
 }
 
+/// Remove null-valued keys at every depth (absent and null mean the same for optional fields,
+/// and a CRD schema without `nullable` rejects null).
+pub fn strip_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
 /// A controller owner reference to a TrainingPlan object.
 pub fn plan_owner_reference(plan: &DynamicObject) -> Option<serde_json::Value> {
     let name = plan.metadata.name.as_ref()?;

@@ -1,0 +1,354 @@
+//! The pure part of a pass: validate a plan's spec with the oracle's rules (and the operator's
+//! own fields), and choose its layout with the tuner. No API calls here; unit-tested.
+
+use primus_crds::{LayoutSummary, SearchSummary, TrainingPlanSpec};
+use primus_oracle::FieldError;
+use primus_oracle::compute::{AnalyticTimer, OpTimer};
+use primus_oracle::hardware::Vendor;
+use primus_oracle::layout::Layout;
+use primus_oracle::plan::{Plan, SearcherKind};
+use primus_oracle::profiles::Catalog;
+use primus_oracle::report::{Backend, BenchmarkResults};
+use primus_oracle::tune::{self, Candidate, TuneOptions, TuneResult};
+use primus_oracle::units::GIB;
+
+/// Defaults of `spec.benchmark`.
+pub const DEFAULT_BENCH_TIMEOUT_SECONDS: u32 = 900;
+pub const DEFAULT_BENCH_MAX_ATTEMPTS: u32 = 3;
+pub const DEFAULT_REUSE_WITHIN_HOURS: u32 = 168;
+/// Default of `spec.drift.tolerance`.
+pub const DEFAULT_DRIFT_TOLERANCE: f64 = 0.10;
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// The benchmark backend of a plan: the spec's, else the operator's default, else the vendor's.
+pub fn bench_backend(spec: &TrainingPlanSpec, plan: &Plan, default: Option<Backend>) -> Backend {
+    spec.benchmark
+        .as_ref()
+        .and_then(|b| b.backend)
+        .or(default)
+        .unwrap_or(match plan.scenario.hardware.vendor {
+            Vendor::Amd => Backend::Rocm,
+            Vendor::Nvidia => Backend::Cuda,
+        })
+}
+
+/// Validate a spec: the oracle's parser and rules (model, cluster, training, tuning, the
+/// reference layout's legality) and the operator's fields (benchmark, job, drift). The error
+/// names the field.
+pub fn validate(
+    spec: &TrainingPlanSpec,
+    name: &str,
+    catalog: &Catalog,
+) -> Result<Plan, FieldError> {
+    let plan = spec.to_oracle()?.resolve(name, catalog)?;
+    if let Some(l) = &plan.layout {
+        l.check(&plan.scenario).map_err(FieldError::from)?;
+    }
+    if plan.tuning.searcher == SearcherKind::Agent {
+        return Err(FieldError::new(
+            "spec.tuning.searcher",
+            "the operator does not run the `agent` searcher (it needs an LLM endpoint); use exhaustive, seed or evolutionary, or run `primus tune` with the agent and give its result as spec.parallelism with searcher none",
+        ));
+    }
+    if let Some(b) = &spec.benchmark {
+        if b.timeout_seconds == Some(0) {
+            return Err(FieldError::new(
+                "spec.benchmark.timeoutSeconds",
+                "must be greater than 0",
+            ));
+        }
+        if b.max_attempts == Some(0) {
+            return Err(FieldError::new(
+                "spec.benchmark.maxAttempts",
+                "must be greater than 0",
+            ));
+        }
+        let vendor = plan.scenario.hardware.vendor;
+        match (b.backend, vendor) {
+            (Some(Backend::Rocm), Vendor::Nvidia) | (Some(Backend::Cuda), Vendor::Amd) => {
+                return Err(FieldError::new(
+                    "spec.benchmark.backend",
+                    format!(
+                        "{} cannot measure the plan's {} GPUs",
+                        if b.backend == Some(Backend::Rocm) {
+                            "rocm"
+                        } else {
+                            "cuda"
+                        },
+                        plan.scenario.hardware.product
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some(d) = &spec.drift {
+        if let Some(t) = d.tolerance
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(FieldError::new(
+                "spec.drift.tolerance",
+                format!("must be a non-negative fraction, got {t}"),
+            ));
+        }
+        if let Some(p) = &d.prometheus {
+            if !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
+                return Err(FieldError::new(
+                    "spec.drift.prometheus.url",
+                    format!("{:?} is not an http(s) URL", p.url),
+                ));
+            }
+            if p.query.trim().is_empty() {
+                return Err(FieldError::new(
+                    "spec.drift.prometheus.query",
+                    "must not be empty",
+                ));
+            }
+        }
+    }
+    if let Some(j) = &spec.job {
+        if let Some(n) = &j.name
+            && !dns_label(n)
+        {
+            return Err(FieldError::new(
+                "spec.job.name",
+                format!(
+                    "{n:?} is not a valid object name (lower-case letters, digits and '-', at most 63)"
+                ),
+            ));
+        }
+        // The template's shape, checked now rather than after benchmarking and tuning.
+        tune::job::pytorchjob(
+            name,
+            None,
+            &plan.scenario,
+            &Layout::default(),
+            j.template.as_ref(),
+            &tune::job::JobOptions::default(),
+        )?;
+    }
+    Ok(plan)
+}
+
+/// The op timer of a plan: calibrated by its benchmark report when the calibration can build
+/// one (a later issue: `calibrate.rs` has no report-to-timer conversion yet), else the
+/// analytic roofline. Returns whether the timer is calibrated.
+pub fn timer_for(_report: Option<&BenchmarkResults>) -> (Box<dyn OpTimer + Send>, bool) {
+    (Box::new(AnalyticTimer), false)
+}
+
+/// What the tuner chose, as the status records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub chosen: LayoutSummary,
+    pub reference: Option<LayoutSummary>,
+    pub gain_over_reference: Option<f64>,
+    pub candidates: Vec<LayoutSummary>,
+    pub search: SearchSummary,
+}
+
+/// Why no layout was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChooseError {
+    /// A field of the plan is wrong.
+    #[error("{0}")]
+    Field(#[from] FieldError),
+    /// No candidate is legal and fits in memory.
+    #[error("{0}")]
+    NoFeasibleLayout(String),
+}
+
+fn summary(c: &Candidate, calibrated: bool) -> LayoutSummary {
+    let p = &c.projection;
+    LayoutSummary {
+        label: c.label.clone(),
+        layout: c.layout.clone(),
+        dp: p.dp,
+        tokens_per_second_per_gpu: p.tokens_per_second_per_gpu,
+        tflops_per_gpu: p.tflops_per_gpu,
+        mfu: p.mfu,
+        step_time_seconds: p.step_time_seconds,
+        peak_memory_bytes: p.memory.peak_bytes,
+        usable_memory_bytes: p.memory.usable_bytes,
+        dominant: c.dominant.clone(),
+        calibrated,
+    }
+}
+
+fn no_layout_message(r: &TuneResult) -> String {
+    let mut m = format!(
+        "no layout is legal and fits in memory ({} evaluated, {} rejected by memory, {} by rules)",
+        r.evaluated, r.rejected_by_memory, r.rejected_by_rules
+    );
+    if let Some((why, n)) = r.rejections.memory.iter().max_by_key(|(_, n)| **n) {
+        m.push_str(&format!("; most common memory overflow: {why} ({n})"));
+    }
+    m.push_str("; give more GPUs, allow recompute, or lower spec.tuning.memoryHeadroom");
+    m
+}
+
+/// Choose the plan's layout: `spec.parallelism` as given with searcher `none`, else the
+/// tuner's best, scored with the (possibly calibrated) timer.
+pub fn choose(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<Choice, ChooseError> {
+    let (timer, calibrated) = timer_for(report);
+    let opts = TuneOptions {
+        timer: timer.as_ref(),
+        ..TuneOptions::default()
+    };
+    let result = if plan.tuning.searcher == SearcherKind::None {
+        tune::tune(plan, None, &opts)
+    } else {
+        let mut s = tune::searcher(plan.tuning.searcher)
+            .map_err(|e| FieldError::new("spec.tuning.searcher", e.to_string()))?;
+        tune::tune(plan, Some(s.as_mut()), &opts)
+    }
+    .map_err(|e| match e {
+        tune::TuneError::Field(f) => ChooseError::Field(f),
+        tune::TuneError::Searcher(m) => {
+            ChooseError::Field(FieldError::new("spec.tuning.searcher", m))
+        }
+    })?;
+    if plan.tuning.searcher == SearcherKind::None
+        && let Some(r) = &result.reference
+        && !r.fits_with_headroom
+    {
+        let m = &r.candidate.projection.memory;
+        return Err(ChooseError::NoFeasibleLayout(format!(
+            "spec.parallelism: the layout needs {:.1} GiB per GPU, {:.1} GiB usable at memoryHeadroom {} (searcher none uses it as given)",
+            m.peak_bytes / GIB,
+            m.usable_bytes * plan.tuning.memory_headroom / GIB,
+            plan.tuning.memory_headroom
+        )));
+    }
+    let Some(best) = &result.best else {
+        return Err(ChooseError::NoFeasibleLayout(no_layout_message(&result)));
+    };
+    Ok(Choice {
+        chosen: summary(best, calibrated),
+        reference: result
+            .reference
+            .as_ref()
+            .map(|r| summary(&r.candidate, calibrated)),
+        gain_over_reference: result.gain_over_reference,
+        candidates: result
+            .top
+            .iter()
+            .skip(1)
+            .map(|c| summary(c, calibrated))
+            .collect(),
+        search: SearchSummary {
+            searcher: result.searcher.as_str().to_string(),
+            evaluated: result.evaluated,
+            rejected_by_memory: result.rejected_by_memory,
+            rejected_by_rules: result.rejected_by_rules,
+            seconds: result.seconds,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> TrainingPlanSpec {
+        let doc: serde_json::Value = serde_saphyr_free(yaml);
+        serde_json::from_value(doc).expect("spec deserializes")
+    }
+
+    /// Parse YAML through the oracle's parser (the operator has no YAML crate of its own).
+    fn serde_saphyr_free(yaml: &str) -> serde_json::Value {
+        primus_oracle::plan::parse_yaml_value(yaml, "test").expect("valid YAML")
+    }
+
+    const BASE: &str = "model: {preset: llama3.1-8b}\ncluster: {gpu: h100-sxm, gpus: 8}\ntraining: {seqLength: 4096, globalBatchSize: 64}\n";
+
+    #[test]
+    fn an_unknown_preset_names_the_field() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(
+            "model: {preset: llama-9000}\ncluster: {gpu: h100-sxm, gpus: 8}\ntraining: {seqLength: 4096, globalBatchSize: 64}\n",
+        );
+        let e = validate(&s, "p", &c).unwrap_err();
+        assert_eq!(e.field, "spec.model.preset");
+    }
+
+    #[test]
+    fn an_illegal_reference_layout_names_the_field() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(&format!("{BASE}parallelism: {{tp: 2, vpp: 4}}\n"));
+        let e = validate(&s, "p", &c).unwrap_err();
+        assert!(e.field.starts_with("spec.parallelism"), "{e}");
+    }
+
+    #[test]
+    fn operator_fields_are_checked() {
+        let c = Catalog::builtin().unwrap();
+        for (extra, field) in [
+            (
+                "benchmark: {enabled: true, maxAttempts: 0}\n",
+                "spec.benchmark.maxAttempts",
+            ),
+            (
+                "benchmark: {enabled: true, backend: rocm}\n",
+                "spec.benchmark.backend",
+            ),
+            ("drift: {tolerance: -1}\n", "spec.drift.tolerance"),
+            (
+                "drift: {prometheus: {url: 'prom:9090', query: up}}\n",
+                "spec.drift.prometheus.url",
+            ),
+            ("job: {name: Bad_Name}\n", "spec.job.name"),
+            ("tuning: {searcher: agent}\n", "spec.tuning.searcher"),
+        ] {
+            let e = validate(&spec(&format!("{BASE}{extra}")), "p", &c).unwrap_err();
+            assert_eq!(e.field, field, "{extra}: {e}");
+        }
+        assert!(validate(&spec(BASE), "p", &c).is_ok());
+    }
+
+    #[test]
+    fn the_tuner_chooses_a_layout_and_reports_alternatives() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(&format!(
+            "{BASE}parallelism: {{tp: 8}}\ntuning: {{searcher: exhaustive, topK: 3}}\n"
+        ));
+        let plan = validate(&s, "p", &c).unwrap();
+        let choice = choose(&plan, None).unwrap();
+        assert!(choice.chosen.tokens_per_second_per_gpu > 0.0);
+        assert!(choice.chosen.peak_memory_bytes <= choice.chosen.usable_memory_bytes);
+        assert!(!choice.chosen.calibrated);
+        assert!(choice.candidates.len() <= 2);
+        let r = choice
+            .reference
+            .as_ref()
+            .expect("the reference is projected");
+        assert_eq!(r.layout.tp, 8);
+        assert!(choice.gain_over_reference.unwrap() >= -1e-9);
+        assert_eq!(choice.search.searcher, "exhaustive");
+        // Deterministic: the same plan chooses the same layout.
+        assert_eq!(
+            choose(&plan, None).unwrap().chosen.layout,
+            choice.chosen.layout
+        );
+    }
+
+    #[test]
+    fn searcher_none_uses_the_layout_as_given() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(&format!(
+            "{BASE}parallelism: {{tp: 2, pp: 2}}\ntuning: {{searcher: none}}\n"
+        ));
+        let plan = validate(&s, "p", &c).unwrap();
+        let choice = choose(&plan, None).unwrap();
+        assert_eq!((choice.chosen.layout.tp, choice.chosen.layout.pp), (2, 2));
+        assert!(choice.candidates.is_empty());
+    }
+}

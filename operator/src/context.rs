@@ -1,0 +1,127 @@
+//! What every reconcile pass shares: the client, the operator's configuration, the metrics,
+//! the profile catalog, the Event recorder, and a little state (backoff per plan, whether the
+//! PyTorchJob CRD is installed).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::runtime::events::{Recorder, Reporter};
+use primus_oracle::profiles::Catalog;
+use primus_oracle::report::Backend;
+
+use crate::metrics::Metrics;
+
+/// The operator's configuration (its command-line flags, DESIGN.md section 5).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Image of benchmark pods when the plan gives none (must contain `primus`).
+    pub bench_image: String,
+    /// Service account of benchmark pods (it needs `get` on trainingplans and `create`/`patch`
+    /// on benchmarkreports in the plan's namespace); the namespace default when `None`.
+    pub bench_service_account: Option<String>,
+    /// Backend when the plan gives none; `None` picks the GPU vendor's.
+    pub bench_backend: Option<Backend>,
+    /// How long a successful plan waits before it is looked at again (drift from
+    /// `status.measured` arrives through the watch anyway).
+    pub resync: Duration,
+    /// How often a plan with a Prometheus drift source re-queries it.
+    pub drift_interval: Duration,
+    /// Extra grace after `timeoutSeconds` before a benchmark pod that never finished (no
+    /// kubelet honoured `activeDeadlineSeconds`) counts as failed.
+    pub bench_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bench_image: format!(
+                "ghcr.io/primus-projection/primus:{}",
+                env!("CARGO_PKG_VERSION")
+            ),
+            bench_service_account: None,
+            bench_backend: None,
+            resync: Duration::from_secs(600),
+            drift_interval: Duration::from_secs(60),
+            bench_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Shared state of the controller.
+pub struct Context {
+    pub client: kube::Client,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub catalog: Catalog,
+    pub recorder: Recorder,
+    pub http: reqwest::Client,
+    /// Consecutive failures per plan (`namespace/name`), for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// Whether the PyTorchJob CRD was found, and when that was checked.
+    job_crd: Mutex<Option<(bool, Instant)>>,
+}
+
+/// How long a PyTorchJob CRD lookup is trusted.
+pub const CRD_CHECK_TTL: Duration = Duration::from_secs(30);
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        config: Config,
+        metrics: Metrics,
+        catalog: Catalog,
+        instance: Option<String>,
+    ) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: crate::CONTROLLER.into(),
+                instance,
+            },
+        );
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Context {
+            client,
+            config,
+            metrics,
+            catalog,
+            recorder,
+            http,
+            failures: Mutex::new(HashMap::new()),
+            job_crd: Mutex::new(None),
+        }
+    }
+
+    /// Count a failure of `key`; the backoff to wait before the next attempt (1 s doubling
+    /// to 5 min).
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        let secs = 1u64 << (*n - 1).min(9);
+        Duration::from_secs(secs.min(300))
+    }
+
+    /// Forget the failures of `key` after a successful pass.
+    pub fn succeeded(&self, key: &str) {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(key);
+    }
+
+    /// The cached answer to "is the PyTorchJob CRD installed", when fresh.
+    pub fn job_crd_cached(&self) -> Option<bool> {
+        let c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
+        c.filter(|(_, at)| at.elapsed() < CRD_CHECK_TTL)
+            .map(|(present, _)| present)
+    }
+
+    pub fn set_job_crd(&self, present: bool) {
+        let mut c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
+        *c = Some((present, Instant::now()));
+    }
+}

@@ -1,0 +1,36 @@
+//! The Primus operator: a TrainingPlan becomes (optionally) single-node benchmark pods, a
+//! projection and a tuned layout, a PyTorchJob with that layout, and a drift measurement once
+//! the job reports its throughput. Everything it decided is written to the plan's status
+//! (server-side apply under the field manager `primus-operator`); it never writes the spec.
+//!
+//! One reconcile pass ([`reconcile::reconcile`]) runs validate -> benchmark -> project/tune ->
+//! job -> drift and is idempotent: deterministic object names, server-side apply of identical
+//! content, and the tuning result cached in the status for the generation it describes.
+
+pub mod benchmark;
+pub mod choose;
+pub mod conditions;
+pub mod context;
+pub mod drift;
+pub mod error;
+pub mod http;
+pub mod job;
+pub mod kubeapi;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod status;
+
+pub use context::{Config, Context};
+pub use error::Error;
+
+/// Name of this controller in Events and logs.
+pub const CONTROLLER: &str = "primus-operator";
+
+/// Install rustls' ring provider once (the project's single TLS stack).
+pub fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -1,0 +1,136 @@
+//! Writing the plan's status: server-side apply on the status subresource under the field
+//! manager `primus-operator`, with every field the operator owns and never `status.measured`
+//! (owned by `primus report`). Nothing is sent when the status would not change, so a re-run
+//! that reaches the same verdicts makes no write at all.
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use primus_crds::annotations::OPERATOR_MANAGER;
+use primus_crds::{TrainingPlan, TrainingPlanStatus};
+
+use crate::conditions::Verdicts;
+use crate::error::Error;
+use crate::kubeapi::call;
+
+/// The status the operator owns, from a previous status: `measured` removed.
+pub fn owned_part(s: &TrainingPlanStatus) -> TrainingPlanStatus {
+    TrainingPlanStatus {
+        measured: None,
+        ..s.clone()
+    }
+}
+
+/// The new status: `draft` with the conditions merged into the previous ones (transition
+/// times kept unless a status flipped).
+pub fn assemble(
+    previous: &TrainingPlanStatus,
+    mut draft: TrainingPlanStatus,
+    verdicts: &Verdicts,
+    now: Timestamp,
+) -> TrainingPlanStatus {
+    draft.measured = None;
+    draft.conditions = verdicts.merge(&previous.conditions, draft.observed_generation, now);
+    draft
+}
+
+/// The apply body for a status.
+pub fn apply_body(status: &TrainingPlanStatus) -> Result<serde_json::Value, Error> {
+    let status = serde_json::to_value(owned_part(status)).map_err(|source| Error::Serde {
+        what: "trainingplan status".into(),
+        source,
+    })?;
+    let mut body = serde_json::json!({
+        "apiVersion": format!("{}/{}", primus_crds::GROUP, primus_crds::VERSION),
+        "kind": "TrainingPlan",
+        "status": status,
+    });
+    strip_nulls(&mut body);
+    Ok(body)
+}
+
+/// Remove null-valued keys (absent and null mean the same for optional fields, and a CRD
+/// schema without `nullable` rejects null).
+pub fn strip_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
+/// Apply `status` unless it equals `current` (what the server has); returns whether it wrote.
+pub async fn apply(
+    client: &kube::Client,
+    plan: &TrainingPlan,
+    current: &TrainingPlanStatus,
+    status: &TrainingPlanStatus,
+) -> Result<bool, Error> {
+    if owned_part(current) == owned_part(status) {
+        return Ok(false);
+    }
+    let ns = plan.metadata.namespace.clone().unwrap_or_default();
+    let name = plan.metadata.name.clone().unwrap_or_default();
+    let api: Api<TrainingPlan> = Api::namespaced(client.clone(), &ns);
+    let body = apply_body(status)?;
+    call(
+        format!("apply status of trainingplan {ns}/{name}"),
+        api.patch_status(
+            &name,
+            &PatchParams::apply(OPERATOR_MANAGER).force(),
+            &Patch::Apply(&body),
+        ),
+    )
+    .await?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditions::{READY, State};
+    use primus_crds::MeasuredThroughput;
+
+    #[test]
+    fn the_body_never_carries_measured() {
+        let s = TrainingPlanStatus {
+            phase: Some("Ready".into()),
+            measured: Some(MeasuredThroughput {
+                tokens_per_second_per_gpu: 1.0,
+                reported_at: None,
+                source: None,
+            }),
+            ..TrainingPlanStatus::default()
+        };
+        let body = apply_body(&s).unwrap();
+        assert!(body["status"].get("measured").is_none());
+        assert_eq!(body["status"]["phase"], "Ready");
+        assert_eq!(body["kind"], "TrainingPlan");
+        assert!(body.get("spec").is_none());
+    }
+
+    #[test]
+    fn nulls_are_stripped_at_every_depth() {
+        let mut v = serde_json::json!({"a": null, "b": {"c": null, "d": [{"e": null, "f": 1}]}});
+        strip_nulls(&mut v);
+        assert_eq!(v, serde_json::json!({"b": {"d": [{"f": 1}]}}));
+    }
+
+    #[test]
+    fn assembling_twice_gives_the_same_status() {
+        let mut v = Verdicts::default();
+        v.set(READY, State::True, "Ready", "ok");
+        let draft = TrainingPlanStatus {
+            observed_generation: Some(3),
+            phase: Some("Ready".into()),
+            ..TrainingPlanStatus::default()
+        };
+        let t1 = Timestamp::from_second(10).unwrap();
+        let t2 = Timestamp::from_second(20).unwrap();
+        let first = assemble(&TrainingPlanStatus::default(), draft.clone(), &v, t1);
+        let second = assemble(&first, draft, &v, t2);
+        assert_eq!(owned_part(&first), owned_part(&second));
+    }
+}

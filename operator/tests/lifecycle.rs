@@ -1,0 +1,433 @@
+//! The operator end to end against the real test bed: `kubectl apply` of the example plan ->
+//! a benchmark pod (run by the test's node agent) -> a BenchmarkReport -> a tuned PyTorchJob
+//! with the layout's Megatron flags and GPU resources -> the plan `Ready` with its status
+//! filled; a re-run changes nothing; `primus report` -> drift condition and metrics; deleting
+//! the plan garbage-collects the pods, the report and the job.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use primus_crds::{BenchmarkReport, TrainingPlan};
+use primus_tests::node_agent::{NodeAgent, binary};
+use primus_tests::testbed;
+
+const PLAN: &str = "llama3-8b-bench";
+const BENCH_PODS: &str = "app.kubernetes.io/component=benchmark";
+
+#[test]
+fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
+    let Some(tb) = testbed!() else { return };
+    ensure_pytorchjob_crd(&tb);
+    let ns = tb.namespace("op-lifecycle");
+    let k = tb.kubectl();
+    let agent = NodeAgent::start(&tb, &ns.name, BENCH_PODS);
+    let mut op = Operator::start(
+        &tb,
+        "op-a",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-test",
+            kubeconfig: None,
+            extra: vec![],
+        },
+    );
+    op.wait_leading(Duration::from_secs(60));
+    let rt = runtime();
+    let client = rt.block_on(tb.client());
+
+    // Apply, and time until the PyTorchJob exists.
+    let t0 = Instant::now();
+    let out = k.run_stdin(
+        &["apply", "-n", &ns.name, "-f", "-"],
+        &example("llama3.1-8b-h100-benchmark.yaml"),
+    );
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let jobs = jobs_api(&client, &ns.name);
+    let job = rt.block_on(poll(Duration::from_secs(120), "the PyTorchJob", || {
+        let jobs = jobs.clone();
+        async move { jobs.get_opt(PLAN).await.ok().flatten() }
+    }));
+    let apply_to_job = t0.elapsed();
+    let runs = agent.runs();
+    let bench: Duration = runs.iter().map(|r| r.duration()).sum();
+    let latency = apply_to_job.saturating_sub(bench);
+    primus_tests::loud(&format!(
+        "\n==== apply -> PyTorchJob: {:.2} s in all, {:.2} s of it the simulated benchmark process, {:.2} s operator latency (target < 5 s)\n",
+        apply_to_job.as_secs_f64(),
+        bench.as_secs_f64(),
+        latency.as_secs_f64()
+    ));
+    assert!(
+        latency < Duration::from_secs(10),
+        "apply -> job took {latency:?} besides the benchmark"
+    );
+
+    // One benchmark pod, run to success on our node, owned by the plan.
+    assert_eq!(runs.len(), 1, "one benchmark process: {runs:?}");
+    assert_eq!(
+        runs[0].exit_code,
+        Some(0),
+        "bench log: {}",
+        std::fs::read_to_string(&runs[0].log).unwrap_or_default()
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let bench_pods = rt
+        .block_on(pods.list(&ListParams::default().labels(BENCH_PODS)))
+        .unwrap()
+        .items;
+    assert_eq!(bench_pods.len(), 1);
+    let pod = &bench_pods[0];
+    let spec = pod.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(
+        limits.get("nvidia.com/gpu").map(|q| q.0.as_str()),
+        Some("8")
+    );
+    assert_eq!(
+        spec.node_selector
+            .as_ref()
+            .unwrap()
+            .get("nvidia.com/gpu.product")
+            .map(String::as_str),
+        Some("NVIDIA-H100-80GB-HBM3")
+    );
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(c.image.as_deref(), Some("primus:test"));
+    let cmd = c.command.as_ref().unwrap().join(" ");
+    assert!(
+        cmd.starts_with(&format!(
+            "primus bench --plan {}/{PLAN} --backend simulate --report-to {}/",
+            ns.name, ns.name
+        )),
+        "{cmd}"
+    );
+    assert!(
+        spec.tolerations
+            .as_ref()
+            .is_some_and(|t| t.iter().any(|t| t.key.as_deref() == Some("nvidia.com/gpu")))
+    );
+
+    // The report: simulated, from our node, owned by the plan.
+    let reports: Api<BenchmarkReport> = Api::namespaced(client.clone(), &ns.name);
+    let list = rt
+        .block_on(reports.list(&ListParams::default()))
+        .unwrap()
+        .items;
+    assert_eq!(list.len(), 1);
+    let report = &list[0];
+    assert_eq!(report.spec.plan, PLAN);
+    assert_eq!(report.spec.results.node, agent.node_name());
+    assert_eq!(
+        report.spec.results.gpu_product,
+        "NVIDIA H100 80GB HBM3 (SXM5)"
+    );
+    assert!(!report.spec.results.ops.is_empty());
+    let owner = &report
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("the report is owned")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("TrainingPlan", PLAN)
+    );
+
+    // The plan becomes Ready with its status filled.
+    let plan = rt.block_on(poll(Duration::from_secs(60), "plan Ready", || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            get_plan(&client, &ns, PLAN)
+                .await
+                .filter(|p| has(p, "Ready", "True"))
+        }
+    }));
+    let st = plan.status.clone().unwrap();
+    assert_eq!(st.observed_generation, plan.metadata.generation);
+    assert_eq!(st.phase.as_deref(), Some("Ready"));
+    for (t, s) in [
+        ("Ready", "True"),
+        ("Reconciling", "False"),
+        ("Stalled", "False"),
+        ("Benchmarked", "True"),
+        ("Projected", "True"),
+        ("Tuned", "True"),
+        ("JobCreated", "True"),
+        ("DriftWithinTolerance", "Unknown"),
+    ] {
+        let c = condition(&plan, t)
+            .unwrap_or_else(|| panic!("condition {t} missing: {:?}", st.conditions));
+        assert_eq!(c.status, s, "{t}: {c:?}");
+        assert!(!c.reason.is_empty());
+        assert_eq!(c.observed_generation, plan.metadata.generation);
+    }
+    let chosen = st.chosen.clone().expect("status.chosen");
+    assert!(chosen.tokens_per_second_per_gpu > 0.0 && chosen.mfu > 0.0);
+    assert!(
+        chosen.peak_memory_bytes > 0.0 && chosen.peak_memory_bytes <= chosen.usable_memory_bytes
+    );
+    assert!(st.reference.is_some() && st.gain_over_reference.is_some());
+    assert!(
+        st.search
+            .as_ref()
+            .is_some_and(|s| s.searcher == "exhaustive" && s.evaluated > 0)
+    );
+    let b = st.benchmark.clone().expect("status.benchmark");
+    assert_eq!(b.report.as_deref(), report.metadata.name.as_deref());
+    assert_eq!(b.node.as_deref(), Some(agent.node_name()));
+    assert!(b.simulated && !b.reused);
+    assert_eq!(b.attempts, 1);
+    let js = st.job.clone().expect("status.job");
+    assert_eq!(js.name.as_deref(), Some(PLAN));
+    assert!(js.layout_matches_plan && !js.started && !js.suspended);
+
+    // The job: owned, annotated, the chosen layout's flags, GPU resources, no tracking labels.
+    let job = serde_json::to_value(&job).unwrap();
+    let ann = &job["metadata"]["annotations"];
+    assert_eq!(ann["primus.dev/plan"], PLAN);
+    let layout: primus_oracle::layout::Layout =
+        serde_json::from_str(ann["primus.dev/layout"].as_str().unwrap()).unwrap();
+    assert_eq!(layout, chosen.layout);
+    let projected: f64 = ann["primus.dev/projected-tokens-per-second"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((projected - chosen.tokens_per_second_per_gpu).abs() < 0.1);
+    assert_eq!(job["metadata"]["ownerReferences"][0]["name"], PLAN);
+    assert_eq!(job["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(job["metadata"]["labels"]["team"], "llm-training");
+    let master = &job["spec"]["pytorchReplicaSpecs"]["Master"];
+    let worker = &job["spec"]["pytorchReplicaSpecs"]["Worker"];
+    assert_eq!(master["replicas"], 1);
+    assert_eq!(worker["replicas"], 1, "two nodes: one master, one worker");
+    assert_eq!(job["spec"]["nprocPerNode"], "8");
+    let container = &master["template"]["spec"]["containers"][0];
+    assert_eq!(container["name"], "pytorch");
+    assert_eq!(container["image"], "nvcr.io/nvidia/nemo:25.02");
+    assert_eq!(container["resources"]["limits"]["nvidia.com/gpu"], "8");
+    assert_eq!(container["resources"]["requests"]["nvidia.com/gpu"], "8");
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).unwrap();
+    let joined = args.join(" ");
+    for flag in [
+        format!("--tensor-model-parallel-size {}", chosen.layout.tp),
+        format!("--pipeline-model-parallel-size {}", chosen.layout.pp),
+        format!("--micro-batch-size {}", chosen.layout.micro_batch_size),
+        "--global-batch-size 128".to_string(),
+        "--seq-length 8192".to_string(),
+        "--num-layers 32".to_string(),
+        "--lr 3.0e-4".to_string(),
+    ] {
+        assert!(joined.contains(&flag), "{flag} missing from {joined}");
+    }
+
+    // kubectl get with the short name shows the printer columns with values.
+    let table = k.ok(&["get", "tplan", "-n", &ns.name]);
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    for col in ["NAME", "PHASE", "GPUS", "LAYOUT", "TOK/S/GPU", "AGE"] {
+        assert!(header.contains(col), "column {col} missing: {table}");
+    }
+    let row = lines.next().unwrap_or_default();
+    assert!(
+        row.contains(PLAN) && row.contains("Ready") && row.contains("16"),
+        "{table}"
+    );
+    assert!(row.contains(&format!("TP{}", chosen.layout.tp)), "{table}");
+    let tok = format!("{}", chosen.tokens_per_second_per_gpu.trunc() as i64);
+    assert!(
+        row.contains(&tok[..tok.len().min(3)]),
+        "tokens/s column: {table}"
+    );
+
+    // A pass that finds everything in place changes nothing: touch the plan's metadata.
+    let before = op.reconciles();
+    let job_rv = job["metadata"]["resourceVersion"].clone();
+    let status_before = plan.status.clone();
+    k.ok(&["annotate", "tplan", PLAN, "-n", &ns.name, "test/poke=1"]);
+    rt.block_on(poll(
+        Duration::from_secs(30),
+        "a reconcile after the poke",
+        || {
+            let n = op.reconciles();
+            async move { (n > before).then_some(()) }
+        },
+    ));
+    let again = rt.block_on(get_plan(&client, &ns.name, PLAN)).unwrap();
+    assert_eq!(again.status, status_before, "a re-run rewrote the status");
+    let job_again = rt.block_on(jobs.get(PLAN)).unwrap();
+    assert_eq!(
+        serde_json::to_value(&job_again).unwrap()["metadata"]["resourceVersion"],
+        job_rv
+    );
+    assert_eq!(
+        rt.block_on(pods.list(&ListParams::default().labels(BENCH_PODS)))
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        rt.block_on(reports.list(&ListParams::default()))
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    // primus report -> drift within tolerance, visible on /metrics.
+    let projected = chosen.tokens_per_second_per_gpu;
+    let report_cmd = |x: f64| {
+        let out = Command::new(binary("primus"))
+            .args([
+                "report",
+                "--plan",
+                &format!("{}/{PLAN}", ns.name),
+                "--tokens-per-second",
+                &format!("{x:.3}"),
+            ])
+            .env("KUBECONFIG", &tb.kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "primus report: {}",
+            primus_tests::stderr(&out)
+        );
+    };
+    report_cmd(projected * 0.95);
+    let plan = rt.block_on(poll(
+        Duration::from_secs(30),
+        "DriftWithinTolerance True",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, PLAN)
+                    .await
+                    .filter(|p| has(p, "DriftWithinTolerance", "True"))
+            }
+        },
+    ));
+    let d = plan
+        .status
+        .as_ref()
+        .unwrap()
+        .drift
+        .clone()
+        .expect("status.drift");
+    assert!((d.ratio + 0.05).abs() < 1e-3, "{d:?}");
+    assert!(d.within_tolerance && (d.tolerance - 0.10).abs() < 1e-12);
+    let measured = plan
+        .status
+        .as_ref()
+        .unwrap()
+        .measured
+        .clone()
+        .expect("status.measured kept");
+    assert!((measured.tokens_per_second_per_gpu - projected * 0.95).abs() < 0.01);
+    let series = |name: &str| format!("{name}{{namespace=\"{}\",plan=\"{PLAN}\"}}", ns.name);
+    let text = rt.block_on(poll(Duration::from_secs(10), "drift on /metrics", || {
+        let m = op.metrics();
+        let s = series("primus_plan_drift_ratio");
+        async move { m.filter(|m| metric(m, &s).is_some()) }
+    }));
+    assert!(
+        (metric(&text, &series("primus_plan_drift_ratio")).unwrap() + 0.05).abs() < 1e-3,
+        "{text}"
+    );
+    assert!(
+        (metric(&text, &series("primus_plan_measured_tokens_per_second")).unwrap()
+            - projected * 0.95)
+            .abs()
+            < 0.01
+    );
+    assert!(
+        (metric(&text, &series("primus_plan_projected_tokens_per_second")).unwrap() - projected)
+            .abs()
+            < 1e-6
+    );
+    assert_eq!(metric(&text, &series("primus_plan_stalled")), Some(0.0));
+    assert_eq!(metric(&text, &series("primus_plan_ready")), Some(1.0));
+
+    // Far below the projection: the condition flips, the status says so.
+    report_cmd(projected * 0.5);
+    let plan = rt.block_on(poll(
+        Duration::from_secs(30),
+        "DriftWithinTolerance False",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, PLAN)
+                    .await
+                    .filter(|p| has(p, "DriftWithinTolerance", "False"))
+            }
+        },
+    ));
+    let c = condition(&plan, "DriftWithinTolerance").unwrap();
+    assert_eq!(c.reason, "OutsideTolerance");
+    assert!(c.message.contains("-50.0%"), "{}", c.message);
+    // Who owns what: measured by primus-report, the rest by primus-operator.
+    let managed = serde_json::to_value(&plan.metadata.managed_fields)
+        .unwrap()
+        .to_string();
+    assert!(
+        managed.contains("primus-report") && managed.contains("primus-operator"),
+        "{managed}"
+    );
+
+    // Events for the steps.
+    let events = k.ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        &ns.name,
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ]);
+    for reason in [
+        "BenchmarkStarted",
+        "ReportReceived",
+        "Tuned",
+        "JobCreated",
+        "OutsideTolerance",
+    ] {
+        assert!(events.contains(reason), "event {reason} missing: {events}");
+    }
+
+    // Deleting the plan garbage-collects the pod, the report and the job.
+    k.ok(&["delete", "tplan", PLAN, "-n", &ns.name, "--wait=false"]);
+    rt.block_on(poll(
+        Duration::from_secs(120),
+        "garbage collection of pods, reports and the job",
+        || {
+            let (pods, reports, jobs) = (pods.clone(), reports.clone(), jobs.clone());
+            async move {
+                let p = pods.list(&ListParams::default()).await.ok()?.items.len();
+                let r = reports.list(&ListParams::default()).await.ok()?.items.len();
+                let j = jobs.list(&ListParams::default()).await.ok()?.items.len();
+                (p + r + j == 0).then_some(())
+            }
+        },
+    ));
+    let plans: Api<TrainingPlan> = Api::namespaced(client.clone(), &ns.name);
+    assert!(rt.block_on(plans.get_opt(PLAN)).unwrap().is_none());
+    // Its series leave /metrics.
+    rt.block_on(poll(
+        Duration::from_secs(30),
+        "the plan's series to leave /metrics",
+        || {
+            let m = op.metrics();
+            let s = series("primus_plan_projected_tokens_per_second");
+            async move { m.filter(|m| metric(m, &s).is_none()) }
+        },
+    ));
+    drop(agent);
+}
