@@ -120,6 +120,7 @@ fn init_tracing(format: LogFormat) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().flatten_event(true).init();

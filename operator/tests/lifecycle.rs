@@ -431,3 +431,212 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
     ));
     drop(agent);
 }
+
+/// A second plan with the same GPU product and layer shapes reuses the first plan's report
+/// instead of benchmarking again.
+#[test]
+fn a_matching_recent_report_is_reused_instead_of_benchmarking_again() {
+    let Some(tb) = testbed!() else { return };
+    ensure_pytorchjob_crd(&tb);
+    let ns = tb.namespace("op-reuse");
+    let k = tb.kubectl();
+    let agent = NodeAgent::start(&tb, &ns.name, BENCH_PODS);
+    let mut op = Operator::start(
+        &tb,
+        "op-reuse",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-test",
+            kubeconfig: None,
+            extra: vec![],
+        },
+    );
+    op.wait_leading(Duration::from_secs(60));
+    let rt = runtime();
+    let client = rt.block_on(tb.client());
+    let ready = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        rt.block_on(poll(Duration::from_secs(90), name, move || {
+            let client = client.clone();
+            let ns = ns.clone();
+            async move {
+                get_plan(&client, &ns, name)
+                    .await
+                    .filter(|p| has(p, "Ready", "True"))
+            }
+        }))
+    };
+
+    let first = example("llama3.1-8b-h100-benchmark.yaml");
+    let out = k.run_stdin(&["apply", "-n", &ns.name, "-f", "-"], &first);
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let a = ready(PLAN);
+    // Same model, GPU, shapes; another global batch and name.
+    let second = first
+        .replace(&format!("name: {PLAN}"), "name: second")
+        .replace("globalBatchSize: 128", "globalBatchSize: 256");
+    let out = k.run_stdin(&["apply", "-n", &ns.name, "-f", "-"], &second);
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let b = ready("second");
+    let c = condition(&b, "Benchmarked").unwrap();
+    assert_eq!(c.reason, "ReportReused", "{c:?}");
+    let bs = b.status.as_ref().unwrap().benchmark.clone().unwrap();
+    assert!(bs.reused);
+    assert_eq!(
+        bs.report,
+        a.status
+            .as_ref()
+            .unwrap()
+            .benchmark
+            .as_ref()
+            .unwrap()
+            .report
+    );
+    assert_eq!(bs.attempts, 0, "no pod for the second plan");
+    assert_eq!(agent.runs().len(), 1, "one benchmark in all");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    assert_eq!(
+        rt.block_on(pods.list(&ListParams::default().labels(BENCH_PODS)))
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    assert!(
+        rt.block_on(jobs_api(&client, &ns.name).get_opt("second"))
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// Drift from a Prometheus query (`spec.drift.prometheus`): the operator queries the HTTP API
+/// (here a local server speaking it) and sets the condition and the metrics.
+#[test]
+fn drift_from_a_prometheus_query() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use warp::Filter;
+
+    let Some(tb) = testbed!() else { return };
+    ensure_pytorchjob_crd(&tb);
+    let ns = tb.namespace("op-prom");
+    let k = tb.kubectl();
+    let rt = runtime();
+    let client = rt.block_on(tb.client());
+
+    // The value the query returns (f64 bits); 0 = no series yet.
+    let value = Arc::new(AtomicU64::new(0));
+    let served = value.clone();
+    let seen_query = Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = seen_query.clone();
+    let route = warp::path!("api" / "v1" / "query")
+        .and(warp::query::<std::collections::HashMap<String, String>>())
+        .map(move |q: std::collections::HashMap<String, String>| {
+            *seen.lock().unwrap() = q.get("query").cloned().unwrap_or_default();
+            let bits = served.load(Ordering::SeqCst);
+            let result = if bits == 0 {
+                serde_json::json!([])
+            } else {
+                serde_json::json!([{"metric": {"job": "train"}, "value": [1.0, f64::from_bits(bits).to_string()]}])
+            };
+            warp::reply::json(&serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": result}}))
+        });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(warp::serve(route).incoming(listener).run());
+
+    let mut op = Operator::start(
+        &tb,
+        "op-prom",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-test",
+            kubeconfig: None,
+            extra: vec!["--drift-interval-seconds".into(), "1".into()],
+        },
+    );
+    op.wait_leading(Duration::from_secs(60));
+    let yaml = format!(
+        "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata:\n  name: prom\nspec:\n  model: {{preset: llama3.1-8b}}\n  cluster: {{gpu: h100-sxm, gpus: 8}}\n  training: {{seqLength: 4096, globalBatchSize: 64}}\n  tuning: {{searcher: exhaustive, allowed: {{tp: [1, 2], pp: [1]}}}}\n  job: {{autoSubmit: false}}\n  drift:\n    tolerance: 0.2\n    prometheus: {{url: 'http://{addr}', query: 'avg(megatron_tokens_per_second_per_gpu{{job=\"train\"}})'}}\n"
+    );
+    let out = k.run_stdin(&["apply", "-n", &ns.name, "-f", "-"], &yaml);
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let plan = rt.block_on(poll(
+        Duration::from_secs(60),
+        "Ready without a sample",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, "prom")
+                    .await
+                    .filter(|p| has(p, "Ready", "True"))
+            }
+        },
+    ));
+    assert_eq!(
+        condition(&plan, "DriftWithinTolerance").unwrap().reason,
+        "NoMeasurement"
+    );
+    let projected = plan
+        .status
+        .as_ref()
+        .unwrap()
+        .chosen
+        .as_ref()
+        .unwrap()
+        .tokens_per_second_per_gpu;
+
+    // The job starts reporting 10% above the projection.
+    value.store((projected * 1.1).to_bits(), Ordering::SeqCst);
+    let plan = rt.block_on(poll(
+        Duration::from_secs(30),
+        "drift from Prometheus",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, "prom")
+                    .await
+                    .filter(|p| has(p, "DriftWithinTolerance", "True"))
+            }
+        },
+    ));
+    let d = plan.status.as_ref().unwrap().drift.clone().unwrap();
+    assert!((d.ratio - 0.1).abs() < 1e-6, "{d:?}");
+    assert!(
+        condition(&plan, "DriftWithinTolerance")
+            .unwrap()
+            .message
+            .contains("Prometheus")
+    );
+    assert_eq!(
+        *seen_query.lock().unwrap(),
+        "avg(megatron_tokens_per_second_per_gpu{job=\"train\"})"
+    );
+    let series = format!(
+        "primus_plan_drift_ratio{{namespace=\"{}\",plan=\"prom\"}}",
+        ns.name
+    );
+    let m = op.metrics().unwrap();
+    assert!((metric(&m, &series).unwrap() - 0.1).abs() < 1e-6, "{m}");
+
+    // Then 30% below: outside the 20% tolerance.
+    value.store((projected * 0.7).to_bits(), Ordering::SeqCst);
+    rt.block_on(poll(
+        Duration::from_secs(30),
+        "drift outside tolerance",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, "prom")
+                    .await
+                    .filter(|p| has(p, "DriftWithinTolerance", "False"))
+            }
+        },
+    ));
+}
