@@ -250,15 +250,37 @@ pub fn step_time_with(
     Ok(WORKSPACE.with(|w| time_model(s, l, timer, &mut w.borrow_mut())))
 }
 
+/// A projection with every pass of its pipeline schedule, for timelines.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    pub step: StepTime,
+    /// Every pass: rank, chunk, micro-batch, kind, start, end.
+    pub events: Vec<Event>,
+    pub pp: usize,
+    pub vpp: usize,
+    /// One pipeline message, seconds.
+    pub p2p: f64,
+    /// Per virtual stage (`chunk * pp + rank`): the recomputation at the start of each of its
+    /// backward passes, seconds.
+    pub recompute: Vec<f64>,
+}
+
 /// The time projection and every pass of the pipeline schedule (for timelines).
-pub fn step_time_traced(s: &Scenario, l: &Layout) -> Result<(StepTime, Vec<Event>), LayoutError> {
+pub fn timeline(s: &Scenario, l: &Layout) -> Result<Timeline, LayoutError> {
     l.check(s)?;
     let mut w = Workspace {
         sim: Simulator::tracing(),
         ..Workspace::default()
     };
-    let t = time_model(s, l, &AnalyticTimer, &mut w);
-    Ok((t, w.sim.trace.take().unwrap_or_default()))
+    let step = time_model(s, l, &AnalyticTimer, &mut w);
+    Ok(Timeline {
+        step,
+        events: w.sim.trace.take().unwrap_or_default(),
+        pp: l.pp.max(1) as usize,
+        vpp: l.chunks().max(1) as usize,
+        p2p: w.p2p,
+        recompute: std::mem::take(&mut w.recompute),
+    })
 }
 
 thread_local! {
@@ -276,6 +298,10 @@ struct Workspace {
     parts: Vec<Parts>,
     /// Per virtual stage: (non-expert, expert) parameters one GPU holds.
     params: Vec<(f64, f64)>,
+    /// Per virtual stage: recomputation inside one backward pass.
+    recompute: Vec<f64>,
+    /// One pipeline message.
+    p2p: f64,
 }
 
 /// Seconds of one pass split by cause.
@@ -638,6 +664,8 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     w.parts.resize(nvs, Parts::default());
     w.params.clear();
     w.params.resize(nvs, (0.0, 0.0));
+    w.recompute.clear();
+    w.recompute.resize(nvs, 0.0);
     let mut model_flops_all = 0.0;
     let dense_params = card.layer_params(LayerKind::Dense);
     let moe_params = card.layer_params(LayerKind::Moe);
@@ -658,6 +686,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
             let mut wgt = 0.0;
             let mut flops = 0.0;
             let mut params = (0.0, 0.0);
+            let mut recompute = Parts::default();
             let range = st.range();
             let recomputed_end = match l.recompute {
                 Recompute::Full if l.recompute_layers > 0 => {
@@ -678,8 +707,8 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
                 wgt += k.weight * n;
                 flops += k.flops * n;
                 match l.recompute {
-                    Recompute::Full => bwd.add(&k.recompute_full, recomputed[i].1 as f64),
-                    Recompute::Selective => bwd.add(&k.recompute_selective, n),
+                    Recompute::Full => recompute.add(&k.recompute_full, recomputed[i].1 as f64),
+                    Recompute::Selective => recompute.add(&k.recompute_selective, n),
                     Recompute::None => {}
                 }
                 let (pd, pe) = params_of(shape.kind);
@@ -726,6 +755,8 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
                 params.1 += pe * n;
             }
             model_flops_all += flops;
+            bwd.add(&recompute, 1.0);
+            w.recompute[vs] = recompute.total();
             w.forward[vs] = fwd.total();
             w.backward[vs] = bwd.total();
             w.weight[vs] = wgt;
@@ -752,6 +783,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     } else {
         Schedule::OneFOneB
     };
+    w.p2p = p2p;
     let costs = StageCosts {
         pp,
         vpp,
@@ -760,7 +792,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
         weight: &w.weight,
         p2p,
     };
-    let summary = w.sim.run(schedule, &costs, m as usize);
+    let summary = w.sim.run_lean(schedule, &costs, m as usize);
 
     // Data-parallel reduction, parameter gather and optimizer, per pipeline rank.
     let hbm = hw.memory_bandwidth() * hw.efficiency.memory_bound;
@@ -837,7 +869,9 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     let step = finish + other;
 
     // Breakdown of the critical rank.
-    let tl = w.sim.ranks()[critical];
+    let mut tl = w.sim.ranks()[critical];
+    let p2p_wait = w.sim.p2p_wait(critical);
+    tl.p2p_wait = p2p_wait;
     let mut parts = Parts::default();
     for c in 0..vpp {
         parts.add(&w.parts[c * pp + critical], m as f64);
@@ -847,7 +881,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
         tp_comm: parts.tp,
         cp_comm: parts.cp,
         ep_comm: parts.ep,
-        pp_comm: tl.p2p_wait,
+        pp_comm: p2p_wait,
         dp_comm: parts.dp + dp_exposed,
         bubble: tl.bubble(),
         host: parts.host,

@@ -97,17 +97,25 @@ pub struct Event {
 
 const NONE: u32 = u32::MAX;
 
-/// One pass in a cached processing order.
+/// One pass in a cached processing order, compact for the timing loop.
 #[derive(Debug, Clone, Copy)]
 struct PlanOp {
-    rank: u32,
+    /// Plan position of the pass this one waits for (the sentinel `plan.len()` for none).
+    dep: u32,
+    /// Pipeline rank.
+    rank: u16,
+    /// Index of its duration: the virtual stage for a forward, `nvs + vs` for a backward.
+    dur: u16,
+    /// 1 when the wait includes a pipeline message, else 0.
+    cross: u8,
+}
+
+/// What a pass is (cold data, for traces and the per-stage results).
+#[derive(Debug, Clone, Copy)]
+struct PlanMeta {
     vs: u32,
     mb: u32,
     backward: bool,
-    /// Index (in the end-time array) of the pass this one waits for, or NONE.
-    dep: u32,
-    /// Whether that wait includes a pipeline message.
-    cross: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,7 +190,7 @@ impl RankOrder {
             (false, j)
         } else if j - w < 2 * steady {
             let i = j - w;
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 (false, w + i / 2)
             } else {
                 (true, i / 2)
@@ -205,6 +213,18 @@ impl RankOrder {
 pub struct Simulator {
     key: Option<PlanKey>,
     plan: Vec<PlanOp>,
+    meta: Vec<PlanMeta>,
+    /// Plan positions of each rank's last-micro-batch backward per chunk and first forward of
+    /// its last chunk: (virtual stage, position).
+    last_backward_at: Vec<(u32, u32)>,
+    first_forward_at: Vec<(u32, u32)>,
+    /// Plan positions of each rank's passes in order, flattened; `rank_ops_at[r]..[r+1]`.
+    rank_ops: Vec<u32>,
+    rank_ops_at: Vec<usize>,
+    durations: Vec<f64>,
+    message: f64,
+    /// Whether the last run was a 1F1B-family plan run (waits computed on demand).
+    planned: bool,
     end: Vec<f64>,
     free: Vec<f64>,
     ranks: Vec<RankTimeline>,
@@ -243,6 +263,22 @@ impl Simulator {
 
     /// Simulate `m` micro-batches.
     pub fn run(&mut self, schedule: Schedule, c: &StageCosts, m: usize) -> ScheduleSummary {
+        self.run_with(schedule, c, m, false)
+    }
+
+    /// Simulate without filling `RankTimeline::p2p_wait` for the 1F1B family (ask
+    /// [`Simulator::p2p_wait`] for the ranks that matter): the projection's fast path.
+    pub fn run_lean(&mut self, schedule: Schedule, c: &StageCosts, m: usize) -> ScheduleSummary {
+        self.run_with(schedule, c, m, true)
+    }
+
+    fn run_with(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        m: usize,
+        lean: bool,
+    ) -> ScheduleSummary {
         let pp = c.pp.max(1);
         let vpp = if schedule == Schedule::Interleaved {
             c.vpp.max(1)
@@ -262,6 +298,7 @@ impl Simulator {
             t.clear();
         }
         if schedule == Schedule::ZeroBubble {
+            self.planned = false;
             self.run_zero_bubble(c, pp, m);
         } else {
             self.ensure_plan(PlanKey {
@@ -271,6 +308,12 @@ impl Simulator {
                 m,
             });
             self.run_plan(c, pp, vpp, m);
+            self.planned = true;
+            if !lean {
+                for r in 0..pp {
+                    self.ranks[r].p2p_wait = self.p2p_wait(r);
+                }
+            }
         }
         self.summarize()
     }
@@ -303,11 +346,17 @@ impl Simulator {
         }
         let PlanKey { pp, vpp, m, .. } = key;
         let nvs = pp * vpp;
-        let orders: Vec<RankOrder> = (0..pp).map(|r| RankOrder::new(pp, vpp, m, r)).collect();
-        let mut done = vec![false; 2 * nvs * m];
-        let mut cursor = vec![0usize; pp];
-        let mut plan = Vec::with_capacity(2 * nvs * m);
         let total_ops = 2 * nvs * m;
+        assert!(
+            nvs < u16::MAX as usize / 2 && pp < u16::MAX as usize && total_ops < u32::MAX as usize,
+            "pipeline too large to simulate (pp={pp}, vpp={vpp}, m={m})"
+        );
+        let orders: Vec<RankOrder> = (0..pp).map(|r| RankOrder::new(pp, vpp, m, r)).collect();
+        // Plan position of each pass once placed (forwards first, then backwards).
+        let mut position = vec![NONE; total_ops];
+        let mut cursor = vec![0usize; pp];
+        let mut plan = Vec::with_capacity(total_ops);
+        let mut meta = Vec::with_capacity(total_ops);
         let mut forward_sweep = true;
         while plan.len() < total_ops {
             let before = plan.len();
@@ -318,18 +367,26 @@ impl Simulator {
                     let (backward, mb, chunk) = o.pass(cursor[r]);
                     let vs = chunk * pp + r;
                     let (dep, cross) = dependency(backward, vs, mb, nvs, m);
-                    if dep != NONE && !done[dep as usize] {
-                        break;
-                    }
-                    let me = index(backward, vs, mb, nvs, m);
-                    done[me] = true;
+                    let dep_pos = if dep == NONE {
+                        total_ops as u32
+                    } else {
+                        let p = position[dep as usize];
+                        if p == NONE {
+                            break;
+                        }
+                        p
+                    };
+                    position[index(backward, vs, mb, nvs, m)] = plan.len() as u32;
                     plan.push(PlanOp {
-                        rank: r as u32,
+                        dep: dep_pos,
+                        rank: r as u16,
+                        dur: (if backward { nvs + vs } else { vs }) as u16,
+                        cross: cross as u8,
+                    });
+                    meta.push(PlanMeta {
                         vs: vs as u32,
                         mb: mb as u32,
                         backward,
-                        dep,
-                        cross,
                     });
                     cursor[r] += 1;
                 }
@@ -340,64 +397,165 @@ impl Simulator {
                 "pipeline schedule deadlock (pp={pp}, vpp={vpp}, m={m})"
             );
         }
+        // Reorder by start time in a reference run (forward 1, backward 2, no messages): still
+        // a topological order (a pass starts after its input's pass and its rank's previous
+        // pass started), and consecutive passes now belong to different ranks, so the timing
+        // loop's per-rank chains overlap in the CPU instead of running back to back.
+        let mut start = vec![0.0f64; total_ops];
+        let mut end_ref = vec![0.0f64; total_ops + 1];
+        let mut free = vec![0.0f64; pp];
+        for (i, op) in plan.iter().enumerate() {
+            let ready = end_ref[op.dep as usize];
+            let st = free[op.rank as usize].max(ready);
+            let dur = if (op.dur as usize) < nvs { 1.0 } else { 2.0 };
+            start[i] = st;
+            end_ref[i] = st + dur;
+            free[op.rank as usize] = st + dur;
+        }
+        let mut order: Vec<usize> = (0..total_ops).collect();
+        order.sort_by(|&a, &b| start[a].total_cmp(&start[b]).then(a.cmp(&b)));
+        let mut new_pos = vec![0u32; total_ops + 1];
+        for (new, &old) in order.iter().enumerate() {
+            new_pos[old] = new as u32;
+        }
+        new_pos[total_ops] = total_ops as u32;
+        let plan: Vec<PlanOp> = order
+            .iter()
+            .map(|&old| {
+                let mut op = plan[old];
+                op.dep = new_pos[op.dep as usize];
+                op
+            })
+            .collect();
+        let meta: Vec<PlanMeta> = order.iter().map(|&old| meta[old]).collect();
+        for p in position.iter_mut() {
+            if *p != NONE {
+                *p = new_pos[*p as usize];
+            }
+        }
+        self.last_backward_at = (0..nvs)
+            .map(|vs| (vs as u32, position[index(true, vs, m - 1, nvs, m)]))
+            .collect();
+        self.first_forward_at = (0..pp)
+            .map(|r| {
+                let vs = (vpp - 1) * pp + r;
+                (r as u32, position[index(false, vs, 0, nvs, m)])
+            })
+            .collect();
+        let mut rank_ops = Vec::with_capacity(total_ops);
+        let mut rank_ops_at = Vec::with_capacity(pp + 1);
+        for r in 0..pp {
+            rank_ops_at.push(rank_ops.len());
+            rank_ops.extend(
+                plan.iter()
+                    .enumerate()
+                    .filter(|(_, op)| op.rank as usize == r)
+                    .map(|(i, _)| i as u32),
+            );
+        }
+        rank_ops_at.push(rank_ops.len());
+        self.rank_ops = rank_ops;
+        self.rank_ops_at = rank_ops_at;
         self.plan = plan;
+        self.meta = meta;
         self.key = Some(key);
+    }
+
+    /// Idle time of `rank` spent waiting for a message in flight in the last run (at most one
+    /// message time per wait).
+    pub fn p2p_wait(&self, rank: usize) -> f64 {
+        if !self.planned {
+            return self.ranks.get(rank).map(|r| r.p2p_wait).unwrap_or(0.0);
+        }
+        let Some(key) = self.key else { return 0.0 };
+        if rank >= key.pp {
+            return 0.0;
+        }
+        let message = [0.0, self.message];
+        let mut prev = 0.0;
+        let mut wait = 0.0;
+        for &i in &self.rank_ops[self.rank_ops_at[rank]..self.rank_ops_at[rank + 1]] {
+            let op = self.plan[i as usize];
+            let e = self.end[i as usize];
+            let start = e - self.durations[op.dur as usize];
+            let msg = message[op.cross as usize];
+            let waited = (start - prev).max(0.0);
+            wait += if waited < msg { waited } else { msg };
+            prev = e;
+        }
+        wait
     }
 
     fn run_plan(&mut self, c: &StageCosts, pp: usize, vpp: usize, m: usize) {
         let nvs = pp * vpp;
+        let n = self.plan.len();
+        // Durations: forwards, then backwards (input and weight gradients together).
+        self.durations.clear();
+        self.durations.extend_from_slice(&c.forward[..nvs]);
+        self.durations
+            .extend((0..nvs).map(|vs| c.backward[vs] + c.weight[vs]));
         self.end.clear();
-        self.end.resize(2 * nvs * m, 0.0);
-        let p2p = c.p2p;
-        let last_mb = (m - 1) as u32;
-        let first_fwd_last_chunk = (vpp - 1) * pp;
-        for op in &self.plan {
-            let vs = op.vs as usize;
+        self.end.resize(n + 1, 0.0);
+        self.message = c.p2p;
+        let message = [0.0, c.p2p];
+        // end[n] is the sentinel 0.0 that passes with no input wait for.
+        let end = &mut self.end[..];
+        let durations = &self.durations[..];
+        let free = &mut self.free[..];
+        // The hot loop: every pass starts when its rank is free and its input has arrived.
+        for (i, op) in self.plan.iter().enumerate() {
+            let msg = message[op.cross as usize];
+            let ready = end[op.dep as usize] + msg;
             let r = op.rank as usize;
-            let dur = if op.backward {
-                c.backward[vs] + c.weight[vs]
-            } else {
-                c.forward[vs]
+            let f = free[r];
+            // Plain compares (no NaN handling: every time here is finite).
+            let start = if ready > f { ready } else { f };
+            let e = start + durations[op.dur as usize];
+            end[i] = e;
+            free[r] = e;
+        }
+        // Per-rank results.
+        for (r, (rank, &end_r)) in self.ranks.iter_mut().zip(free.iter()).enumerate() {
+            let busy: f64 = (0..vpp)
+                .map(|c| {
+                    let vs = c * pp + r;
+                    durations[vs] + durations[nvs + vs]
+                })
+                .sum::<f64>()
+                * m as f64;
+            *rank = RankTimeline {
+                end: end_r,
+                busy,
+                p2p_wait: 0.0,
+                first_forward_end: 0.0,
             };
-            let (ready, msg) = if op.dep == NONE {
-                (0.0, 0.0)
-            } else if op.cross {
-                (self.end[op.dep as usize] + p2p, p2p)
-            } else {
-                (self.end[op.dep as usize], 0.0)
+        }
+        for &(r, pos) in &self.first_forward_at {
+            self.ranks[r as usize].first_forward_end = end[pos as usize];
+        }
+        for &(vs, pos) in &self.last_backward_at {
+            let e = end[pos as usize];
+            self.last_backward[vs as usize] = LastBackward {
+                start: e - durations[nvs + vs as usize],
+                end: e,
             };
-            let free = self.free[r];
-            let start = free.max(ready);
-            let end = start + dur;
-            let me = index(op.backward, vs, op.mb as usize, nvs, m);
-            self.end[me] = end;
-            self.free[r] = end;
-            let rt = &mut self.ranks[r];
-            rt.busy += dur;
-            rt.p2p_wait += (start - free).min(msg);
-            if op.backward && op.mb == last_mb {
-                self.last_backward[vs] = LastBackward { start, end };
-            }
-            if !op.backward && op.mb == 0 && vs - r == first_fwd_last_chunk {
-                rt.first_forward_end = end;
-            }
-            if let Some(t) = self.trace.as_mut() {
+        }
+        if let Some(t) = self.trace.as_mut() {
+            for (i, (op, meta)) in self.plan.iter().zip(&self.meta).enumerate() {
+                let e = end[i];
                 t.push(Event {
-                    rank: op.rank,
-                    chunk: (vs / pp) as u32,
-                    microbatch: op.mb,
-                    kind: if op.backward {
+                    rank: op.rank as u32,
+                    chunk: meta.vs / pp as u32,
+                    microbatch: meta.mb,
+                    kind: if meta.backward {
                         PassKind::Backward
                     } else {
                         PassKind::Forward
                     },
-                    start,
-                    end,
+                    start: e - durations[op.dur as usize],
+                    end: e,
                 });
             }
-        }
-        for r in 0..pp {
-            self.ranks[r].end = self.free[r];
         }
     }
 

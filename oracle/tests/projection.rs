@@ -1,0 +1,430 @@
+//! The step-time projection: consistency of its outputs, hand-derived model FLOPs, schedule
+//! and overlap effects, the op-timer interface, errors and the JSON contract.
+
+use assert_cmd::Command;
+use primus_oracle::calibrate::{LayerMeasurement, MeasuredTimer};
+use primus_oracle::compute::{AnalyticTimer, LayerShape, Op, OpTimer, Pass, TimerContext};
+use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::model::LayerKind;
+use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::profiles::Catalog;
+use primus_oracle::projection::{Dominant, project, project_with, step_time};
+
+fn scenario(
+    model: &str,
+    gpu: &str,
+    gpus: u32,
+    seq: u64,
+    gbs: u64,
+    precision: Precision,
+) -> Scenario {
+    let c = Catalog::builtin().expect("catalog");
+    Scenario {
+        model: c.model(model).expect("model").clone(),
+        hardware: c.hardware(gpu).expect("gpu").clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node: 8,
+        },
+        training: Training {
+            seq_length: seq,
+            global_batch_size: gbs,
+            precision,
+        },
+    }
+}
+
+fn cases() -> Vec<(Scenario, Layout)> {
+    let dense = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 128, Precision::Bf16);
+    let moe = scenario("mixtral-8x7b", "b200", 64, 4096, 256, Precision::Fp8);
+    let mla = scenario("deepseek-v3", "mi300x", 256, 4096, 512, Precision::Bf16);
+    vec![
+        (
+            dense.clone(),
+            Layout {
+                tp: 4,
+                pp: 4,
+                vpp: 5,
+                schedule: Schedule::Interleaved,
+                ..Layout::default()
+            },
+        ),
+        (
+            dense.clone(),
+            Layout {
+                tp: 4,
+                pp: 4,
+                cp: 2,
+                recompute: Recompute::Full,
+                ..Layout::default()
+            },
+        ),
+        (
+            dense.clone(),
+            Layout {
+                tp: 8,
+                pp: 4,
+                schedule: Schedule::ZeroBubble,
+                recompute: Recompute::Selective,
+                ..Layout::default()
+            },
+        ),
+        (
+            dense,
+            Layout {
+                tp: 8,
+                fsdp: true,
+                distributed_optimizer: false,
+                recompute: Recompute::Full,
+                ..Layout::default()
+            },
+        ),
+        (
+            moe,
+            Layout {
+                ep: 8,
+                micro_batch_size: 2,
+                ..Layout::default()
+            },
+        ),
+        (
+            mla,
+            Layout {
+                pp: 8,
+                ep: 32,
+                recompute: Recompute::Full,
+                pipeline_layout: Some(
+                    primus_oracle::layout::PipelineLayout::parse("Et*7|(t*8|)*6t*6mL")
+                        .expect("layout"),
+                ),
+                ..Layout::default()
+            },
+        ),
+    ]
+}
+
+#[test]
+fn breakdown_sums_to_the_step_and_throughputs_agree() {
+    for (s, l) in cases() {
+        l.check(&s).unwrap_or_else(|e| panic!("{}: {e}", l.label()));
+        let p = project(&s, &l).expect("projects");
+        let b = p.breakdown;
+        let sum = b.total();
+        assert!(
+            (sum - p.step_time_seconds).abs() < 1e-9 * p.step_time_seconds,
+            "{}: breakdown {sum} vs step {}",
+            l.label(),
+            p.step_time_seconds
+        );
+        for (name, v) in b.terms() {
+            assert!(v >= 0.0 && v.is_finite(), "{} {name} = {v}", l.label());
+        }
+        // tokens/s/GPU = GBS * seq / step / GPUs.
+        let tokens = s.training.global_batch_size as f64 * s.training.seq_length as f64;
+        let expect = tokens / p.step_time_seconds / s.cluster.gpus as f64;
+        assert!((p.tokens_per_second_per_gpu - expect).abs() < 1e-9 * expect);
+        // MFU is model TFLOP/s over the dense peak of the precision.
+        let peak = s.hardware.peak_flops(s.training.precision) / 1e12;
+        assert!((p.mfu - p.tflops_per_gpu / peak).abs() < 1e-12);
+        assert!(p.mfu > 0.01 && p.mfu < 0.9, "{}: mfu {}", l.label(), p.mfu);
+        assert!(p.bubble_fraction >= 0.0 && p.bubble_fraction < 1.0);
+        assert_eq!(p.dp, l.dp(s.cluster.gpus).unwrap());
+        assert_eq!(p.num_microbatches, l.num_microbatches(&s));
+    }
+}
+
+#[test]
+fn model_flops_match_the_hand_derivation() {
+    // Llama 3.1 8B, seq 8192 (config.json: 32 layers, h 4096, 32 heads of 128, 8 KV heads,
+    // SwiGLU 14336, vocab 128256, untied). GEMM weights per layer: Q + O 2 * 4096^2, K + V
+    // 2 * 4096 * 1024, MLP 3 * 4096 * 14336 -> 218,103,808; output layer 4096 * 128256.
+    // Model FLOPs per token: 6 x (GEMM weights) + attention 3 x 32 layers x (2 x 32 heads x
+    // 256 (QK and PV dims) x (s + 1)/2 causal pairs per query).
+    let s = scenario("llama3.1-8b", "h100-sxm", 8, 8192, 128, Precision::Bf16);
+    let l = Layout::default();
+    let t = step_time(&s, &l).expect("projects");
+    let gemm_weights = 32.0 * 218_103_808.0 + 4096.0 * 128_256.0;
+    let attention = 3.0 * 32.0 * 2.0 * 32.0 * 256.0 * (8192.0 + 1.0) / 2.0;
+    let per_token = 6.0 * gemm_weights + attention;
+    let tokens = 128.0 * 8192.0;
+    let got = t.model_flops_per_step / tokens;
+    assert!(
+        (got - per_token).abs() < 1e-9 * per_token,
+        "{got} vs {per_token}"
+    );
+    // NeMo's published tables give 744 TFLOP/s at 14451 tokens/s/GPU for this model:
+    // 5.148e10 FLOPs per token, the same convention within 0.1%.
+    assert!((per_token / 5.148e10 - 1.0).abs() < 1e-3);
+}
+
+#[test]
+fn zero_bubble_and_interleaving_shrink_the_bubble() {
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 64, Precision::Bf16);
+    let base = Layout {
+        tp: 8,
+        pp: 8,
+        ..Layout::default()
+    };
+    let ofob = step_time(&s, &base).expect("1f1b");
+    let zb = step_time(
+        &s,
+        &Layout {
+            schedule: Schedule::ZeroBubble,
+            ..base.clone()
+        },
+    )
+    .expect("zb");
+    let il = step_time(
+        &s,
+        &Layout {
+            vpp: 5,
+            schedule: Schedule::Interleaved,
+            ..base.clone()
+        },
+    )
+    .expect("interleaved");
+    assert!(zb.step_time_seconds < ofob.step_time_seconds);
+    assert!(zb.bubble_fraction < ofob.bubble_fraction);
+    assert!(il.bubble_fraction < ofob.bubble_fraction);
+    // 1F1B with 64 micro-batches on 8 stages: (p-1)/(m+p-1) = 7/71 = 9.9% with equal stages.
+    // Here the last stage also runs the output layer and loss, so it is the busiest and the
+    // others' idle time counts against it: a bubble fraction somewhat below 7/71.
+    assert!(
+        ofob.bubble_fraction > 0.6 * 7.0 / 71.0 && ofob.bubble_fraction < 7.0 / 71.0,
+        "{}",
+        ofob.bubble_fraction
+    );
+}
+
+#[test]
+fn overlap_flags_and_recompute_move_time_the_right_way() {
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 128, Precision::Bf16);
+    let l = Layout {
+        tp: 8,
+        pp: 2,
+        ..Layout::default()
+    };
+    let base = step_time(&s, &l).expect("base");
+    let overlap = step_time(
+        &s,
+        &Layout {
+            tp_comm_overlap: true,
+            ..l.clone()
+        },
+    )
+    .expect("overlap");
+    assert!(overlap.breakdown.tp_comm < base.breakdown.tp_comm);
+    let full = step_time(
+        &s,
+        &Layout {
+            recompute: Recompute::Full,
+            ..l.clone()
+        },
+    )
+    .expect("full");
+    let selective = step_time(
+        &s,
+        &Layout {
+            recompute: Recompute::Selective,
+            ..l.clone()
+        },
+    )
+    .expect("selective");
+    assert!(base.step_time_seconds < selective.step_time_seconds);
+    assert!(selective.step_time_seconds < full.step_time_seconds);
+    // Full recompute reruns the forward: about a third more compute.
+    let ratio = full.breakdown.compute / base.breakdown.compute;
+    assert!(ratio > 1.25 && ratio < 1.40, "{ratio}");
+    // Model FLOPs do not count recomputation.
+    assert_eq!(full.model_flops_per_step, base.model_flops_per_step);
+    let no_overlap = step_time(
+        &s,
+        &Layout {
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            ..l.clone()
+        },
+    )
+    .expect("no overlap");
+    assert!(no_overlap.breakdown.dp_comm > base.breakdown.dp_comm);
+}
+
+/// A timer that makes every op twice as slow as the roofline.
+struct Slow;
+
+impl OpTimer for Slow {
+    fn op_seconds(&self, ctx: &TimerContext, op: &Op, pass: Pass) -> f64 {
+        2.0 * AnalyticTimer.op_seconds(ctx, op, pass)
+    }
+}
+
+#[test]
+fn op_timers_replace_the_analytic_times() {
+    let s = scenario("llama3.1-8b", "b200", 8, 8192, 64, Precision::Fp8);
+    let l = Layout::default();
+    let a = project(&s, &l).expect("analytic");
+    let slow = project_with(&s, &l, &Slow).expect("slow");
+    let ratio = slow.breakdown.compute / a.breakdown.compute;
+    assert!((ratio - 2.0).abs() < 1e-9, "{ratio}");
+    // A measured whole-layer forward replaces the sum of that layer's ops.
+    let shape = LayerShape {
+        kind: LayerKind::Dense,
+        sliding: false,
+    };
+    let measured = MeasuredTimer {
+        layers: vec![LayerMeasurement {
+            shape,
+            pass: Pass::Forward,
+            seconds: 0.5,
+        }],
+        ..MeasuredTimer::default()
+    };
+    let m = project_with(&s, &l, &measured).expect("measured");
+    // 32 layers x 0.5 s per micro-batch forward, 8 micro-batches per step (64 / 8 DP).
+    assert!(m.breakdown.compute > 32.0 * 0.5 * 8.0);
+    assert!(m.breakdown.compute < a.breakdown.compute + 32.0 * 0.5 * 8.0);
+}
+
+#[test]
+fn what_dominates() {
+    let s = scenario("llama3.1-8b", "h100-sxm", 8, 8192, 128, Precision::Bf16);
+    let p = project(&s, &Layout::default()).expect("dense");
+    assert_eq!(p.dominant, Dominant::Compute);
+    // 2 micro-batches on 8 stages: mostly bubble.
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 4096, 2, Precision::Bf16);
+    let l = Layout {
+        tp: 8,
+        pp: 8,
+        micro_batch_size: 1,
+        ..Layout::default()
+    };
+    let p = project(&s, &l).expect("bubbly");
+    assert_eq!(p.dominant, Dominant::Bubble, "{:?}", p.breakdown);
+}
+
+#[test]
+fn illegal_layouts_are_errors_naming_the_field() {
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 128, Precision::Bf16);
+    let e = project(
+        &s,
+        &Layout {
+            tp: 16,
+            ..Layout::default()
+        },
+    )
+    .expect_err("tp 16 does not divide the 8 KV heads");
+    assert!(e.to_string().contains("spec.parallelism.tp"), "{e}");
+}
+
+#[test]
+fn projection_json_has_the_design_field_names() {
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 128, Precision::Bf16);
+    let l = Layout {
+        tp: 4,
+        pp: 4,
+        ..Layout::default()
+    };
+    let p = project(&s, &l).expect("projects");
+    let v = serde_json::to_value(&p).expect("json");
+    for key in [
+        "tokensPerSecondPerGpu",
+        "tflopsPerGpu",
+        "mfu",
+        "stepTimeSeconds",
+        "bubbleFraction",
+        "numMicrobatches",
+        "dp",
+        "dominant",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    for key in ["peakBytes", "capacityBytes", "fits", "stages"] {
+        assert!(v["memory"].get(key).is_some(), "missing memory.{key}");
+    }
+    let stage = &v["memory"]["stages"][0];
+    for key in [
+        "weightsBytes",
+        "gradientsBytes",
+        "optimizerBytes",
+        "activationsBytes",
+        "otherBytes",
+        "totalBytes",
+    ] {
+        assert!(stage.get(key).is_some(), "missing memory.stages[].{key}");
+    }
+    for key in [
+        "compute",
+        "tpComm",
+        "cpComm",
+        "epComm",
+        "ppComm",
+        "dpComm",
+        "bubble",
+        "optimizer",
+        "other",
+    ] {
+        assert!(v["breakdown"][key].is_f64(), "missing breakdown.{key}");
+    }
+}
+
+fn write_plan(dir: &std::path::Path, parallelism: &str) -> std::path::PathBuf {
+    let path = dir.join("plan.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata: {{name: t}}\nspec:\n  model: {{preset: llama3.1-70b}}\n  cluster: {{gpu: h100-sxm, gpus: 64}}\n  training: {{seqLength: 8192, globalBatchSize: 128, precision: bf16}}\n  parallelism: {parallelism}\n"
+        ),
+    )
+    .expect("write plan");
+    path
+}
+
+#[test]
+fn cli_project_json_and_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = write_plan(dir.path(), "{tp: 4, pp: 4, vpp: 5, schedule: interleaved}");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["project", "-f"])
+        .arg(&plan)
+        .args(["-o", "json"])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert!(v["tokensPerSecondPerGpu"].as_f64().unwrap() > 0.0);
+    assert!(v["memory"]["stages"].as_array().unwrap().len() == 4);
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["project", "-f"])
+        .arg(&plan)
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("STEP BREAKDOWN") && text.contains("pipeline bubble"),
+        "{text}"
+    );
+    assert!(text.contains("bottleneck stage"), "{text}");
+}
+
+#[test]
+fn cli_project_bad_input_exits_2_naming_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = write_plan(dir.path(), "{tp: 16}");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["project", "-f"])
+        .arg(&plan)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("spec.parallelism.tp"), "{err}");
+}

@@ -1,0 +1,202 @@
+//! `primus validate` on the published measurements (the accuracy regression gate), and its
+//! handling of bad rows.
+
+use assert_cmd::Command;
+use primus_oracle::profiles::Catalog;
+use primus_oracle::validate::{
+    Metric, RowStatus, embedding_and_loss_split, parse_csv, seconds_per_iteration, validate_text,
+};
+
+const PUBLISHED: &str = include_str!("data/published.csv");
+
+#[test]
+fn published_runs_are_projected_within_the_targets() {
+    let c = Catalog::builtin().expect("catalog");
+    let r = validate_text(PUBLISHED, &c).expect("valid file");
+    for row in &r.rows {
+        assert_eq!(row.status, RowStatus::Ok, "{} not projected", row.id);
+    }
+    assert_eq!(r.failed, 0);
+    assert_eq!(r.projected, 23);
+    let median = r.median_abs_error.expect("median");
+    let max = r.max_abs_error.expect("max");
+    let table: Vec<String> = r
+        .rows
+        .iter()
+        .map(|x| format!("{} {:+.1}%", x.id, 100.0 * x.error.unwrap_or(f64::NAN)))
+        .collect();
+    // Targets (issue 3): median |error| <= 10%, no row beyond 25%, every full/selective
+    // ranking preserved.
+    assert!(median <= 0.10, "median {median}: {table:?}");
+    assert!(max <= 0.25, "max {max}: {table:?}");
+    assert_eq!(r.groups.len(), 4, "P1..P4 full vs selective");
+    assert!(r.rankings_preserved, "{:?}", r.groups);
+    // The P rows are compared on seconds per iteration, the others on tokens/s/GPU.
+    let p1 = r.rows.iter().find(|x| x.id == "P1").expect("P1");
+    assert_eq!(p1.metric, Metric::SecondsPerIteration);
+    assert_eq!(p1.measured, Some(1.42));
+    let n1 = r.rows.iter().find(|x| x.id == "N1").expect("N1");
+    assert_eq!(n1.metric, Metric::TokensPerSecondPerGpu);
+    assert_eq!(n1.measured, Some(14451.0));
+}
+
+#[test]
+fn cli_validate_fails_the_build_when_the_median_regresses() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/published.csv");
+    let ok = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "--max-median-error", "10"])
+        .output()
+        .expect("runs");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        text.contains("median") && text.contains("preserved"),
+        "{text}"
+    );
+    assert!(text.contains("P1s") && text.contains("N20"), "{text}");
+    // A limit the projection cannot meet fails with a one-line reason.
+    let bad = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "--max-median-error", "0.5"])
+        .output()
+        .expect("runs");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("exceeds --max-median-error"), "{err}");
+    // JSON output is one object with the rows and the statistics.
+    let json = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "-o", "json"])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(v["rows"].as_array().unwrap().len(), 23);
+    assert!(v["medianAbsErrorPct"].is_null());
+    assert!(v["medianAbsError"].as_f64().unwrap() <= 0.10);
+}
+
+const HEADER: &str = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+
+#[test]
+fn bad_rows_are_reported_with_their_reason_not_skipped() {
+    let csv = format!(
+        "{HEADER}\n\
+         A,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         B,x,no-such-model,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         C,x,llama3.1-8b,no-such-gpu,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         D,x,llama3.1-8b,h100-sxm,eight,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         E,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,2,1,1,1,none,true,false,1f1b,10000,,\n\
+         F,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,,,no measurement here\n\
+         G,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,sometimes,true,false,1f1b,10000,,\n\
+         H,x,llama3.1-8b,h100-sxm,8,8,int4,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         I,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,,,\"quoted, with a comma: 2.5 s per iteration\"\n"
+    );
+    let c = Catalog::builtin().expect("catalog");
+    let r = validate_text(&csv, &c).expect("parses");
+    let status = |id: &str| r.rows.iter().find(|x| x.id == id).expect(id).status.clone();
+    assert_eq!(status("A"), RowStatus::Ok);
+    assert!(matches!(status("B"), RowStatus::UnknownPreset(m) if m.contains("no-such-model")));
+    assert!(matches!(status("C"), RowStatus::UnknownPreset(m) if m.contains("no-such-gpu")));
+    assert!(matches!(status("D"), RowStatus::BadRow(m) if m.contains("column gpus")));
+    assert!(
+        matches!(status("E"), RowStatus::IllegalLayout(m) if m.contains("spec.parallelism.vpp")),
+        "{:?}",
+        status("E")
+    );
+    assert!(matches!(status("F"), RowStatus::BadRow(m) if m.contains("no measurement")));
+    assert!(
+        matches!(status("G"), RowStatus::BadRow(m) if m.contains("recompute")),
+        "{:?}",
+        status("G")
+    );
+    assert!(matches!(status("H"), RowStatus::BadRow(m) if m.contains("precision")));
+    let i = r.rows.iter().find(|x| x.id == "I").expect("I");
+    assert_eq!(i.status, RowStatus::Ok);
+    assert_eq!(i.metric, Metric::SecondsPerIteration);
+    assert_eq!(i.measured, Some(2.5));
+    assert_eq!(r.projected, 2);
+    assert_eq!(r.failed, 7);
+    // Line numbers point at the file.
+    assert_eq!(r.rows[1].line, 3);
+
+    // The CLI prints every failure with its line and reason; --strict fails on them.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rows.csv");
+    std::fs::write(&path, &csv).expect("write");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("line 3: unknown preset"), "{text}");
+    assert!(text.contains("line 6: illegal layout"), "{text}");
+    assert!(text.contains("line 5: bad row: column gpus"), "{text}");
+    let strict = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .arg("--strict")
+        .output()
+        .expect("runs");
+    assert!(!strict.status.success());
+}
+
+#[test]
+fn a_missing_column_is_an_input_error() {
+    let c = Catalog::builtin().expect("catalog");
+    let e = validate_text("id,model\nA,llama3.1-8b\n", &c).expect_err("no gpu column");
+    assert!(e.to_string().contains("csv.header.gpu"), "{e}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.csv");
+    std::fs::write(&path, "id,model\nA,llama3.1-8b\n").expect("write");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn csv_and_note_parsing() {
+    let recs = parse_csv("a,b\n1,\"x, \"\"y\"\"\"\n\n2,z\r\n").expect("csv");
+    assert_eq!(recs.len(), 3);
+    assert_eq!(recs[1].1, vec!["1".to_string(), "x, \"y\"".to_string()]);
+    // The record after the blank line starts on line 4.
+    assert_eq!(recs[2].0, 4);
+    assert!(parse_csv("a\n\"open").is_err());
+    assert_eq!(seconds_per_iteration("1.42 s per iteration"), Some(1.42));
+    assert_eq!(
+        seconds_per_iteration("13.75 s per iteration (sequence parallel + selective)"),
+        Some(13.75)
+    );
+    assert_eq!(seconds_per_iteration("Llama3 70B"), None);
+}
+
+#[test]
+fn embedding_and_loss_count_as_layers_in_the_uneven_split() {
+    // Llama 3.1 405B: 126 layers + E + L = 128 slots over pp 8 x vpp 8 = 64 stages of 2.
+    let s = embedding_and_loss_split(126, 0, 8, 8).expect("splits");
+    let stages: Vec<&str> = s.split('|').collect();
+    assert_eq!(stages.len(), 64);
+    assert_eq!(stages[0], "Et");
+    assert_eq!(stages[1], "tt");
+    assert_eq!(stages[63], "tL");
+    // DeepSeek-V3: 61 layers + 1 MTP + E + L = 64 slots over 16 stages of 4.
+    let s = embedding_and_loss_split(61, 1, 16, 1).expect("splits");
+    let stages: Vec<&str> = s.split('|').collect();
+    assert_eq!(stages.len(), 16);
+    assert_eq!(stages[0], "Ettt");
+    assert_eq!(stages[15], "ttmL");
+    // 80 + 2 slots do not split over 8 stages.
+    assert_eq!(embedding_and_loss_split(80, 0, 8, 1), None);
+}
