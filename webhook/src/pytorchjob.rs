@@ -1,0 +1,896 @@
+//! Derive what the memory model needs from a kubeflow.org/v1 PyTorchJob: the model, the
+//! training settings, the parallel layout, the world size and the GPU kind.
+//!
+//! Sources, in order: the operator's annotations (`primus.dev/layout`, `primus.dev/model`,
+//! `primus.dev/model-card`, `primus.dev/gpu`, `primus.dev/training`), then the Megatron flags of
+//! the `pytorch` container (command, args and env values), the replica counts and
+//! `nprocPerNode` (or the GPU limits), and the node selector / required node affinity on the
+//! GPU product label. What cannot be found is reported as [`DeriveError::Missing`], one line
+//! per missing piece, so a warning (or a strict-mode denial) says what to add.
+
+use std::collections::BTreeMap;
+
+use primus_crds::annotations;
+use primus_oracle::FieldError;
+use primus_oracle::hardware::HardwareProfile;
+use primus_oracle::layout::Layout;
+use primus_oracle::megatron::{MegatronArgs, flag};
+use primus_oracle::model::ModelCard;
+use primus_oracle::plan::{Cluster, Scenario, Training, from_value_at};
+use primus_oracle::profiles::Catalog;
+use serde_json::Value;
+
+/// Where the layout came from: decides how a bad field is named in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutSource {
+    /// The `primus.dev/layout` annotation.
+    Annotation,
+    /// The Megatron flags of the `pytorch` container.
+    Flags,
+}
+
+/// Everything the memory model needs, derived from one job.
+#[derive(Debug, Clone)]
+pub struct DerivedJob {
+    pub scenario: Scenario,
+    pub layout: Layout,
+    pub layout_source: LayoutSource,
+    /// How the GPU kind was found, e.g. `nodeSelector amd.com/gpu.product-name=AMD_Instinct_MI300X`.
+    pub gpu_source: String,
+    /// Things worth telling the user although the job could be derived (e.g. a GPU kind
+    /// inferred from the resource name alone).
+    pub notes: Vec<String>,
+}
+
+/// Why a job could not be derived.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeriveError {
+    /// Pieces the job does not say (one line each, naming what to add).
+    #[error("cannot check GPU memory: {}", .0.join("; "))]
+    Missing(Vec<String>),
+    /// A field the job does say is wrong (a flag value, an annotation's JSON, an illegal
+    /// layout).
+    #[error("{0}")]
+    Invalid(FieldError),
+}
+
+impl DeriveError {
+    fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        DeriveError::Invalid(FieldError::new(field, message))
+    }
+}
+
+/// The path of an annotation, as messages name it.
+pub fn annotation_field(key: &str) -> String {
+    format!("metadata.annotations[{key}]")
+}
+
+/// Labels that name the GPU product on nodes, from the catalog (plus the two well-known ones).
+fn product_labels(catalog: &Catalog) -> Vec<String> {
+    let mut labels: Vec<String> = catalog
+        .hardware_profiles()
+        .map(|p| p.kubernetes.product_label.clone())
+        .collect();
+    for l in ["amd.com/gpu.product-name", "nvidia.com/gpu.product"] {
+        labels.push(l.to_string());
+    }
+    labels.sort();
+    labels.dedup();
+    labels
+}
+
+/// Extended resource names of GPUs, from the catalog (plus the two well-known ones).
+fn gpu_resources(catalog: &Catalog) -> Vec<String> {
+    let mut r: Vec<String> = catalog
+        .hardware_profiles()
+        .map(|p| p.kubernetes.resource.clone())
+        .collect();
+    for l in ["amd.com/gpu", "nvidia.com/gpu"] {
+        r.push(l.to_string());
+    }
+    r.sort();
+    r.dedup();
+    r
+}
+
+/// One replica type of the job (Master, Worker).
+struct Replica<'a> {
+    name: &'a str,
+    replicas: u64,
+    pod_spec: Option<&'a Value>,
+    container: Option<&'a Value>,
+}
+
+fn replicas_of(spec: &Value) -> Result<Vec<Replica<'_>>, DeriveError> {
+    let Some(specs) = spec.get("pytorchReplicaSpecs") else {
+        return Err(DeriveError::Missing(vec![
+            "spec.pytorchReplicaSpecs is missing".into(),
+        ]));
+    };
+    let Some(specs) = specs.as_object() else {
+        return Err(DeriveError::invalid(
+            "spec.pytorchReplicaSpecs",
+            "must be a mapping of replica type (Master, Worker) to replica spec",
+        ));
+    };
+    let mut out = Vec::new();
+    for (name, r) in specs {
+        let replicas = match r.get("replicas") {
+            None | Some(Value::Null) => 1,
+            Some(v) => v.as_u64().ok_or_else(|| {
+                DeriveError::invalid(
+                    format!("spec.pytorchReplicaSpecs.{name}.replicas"),
+                    format!("{v} is not a non-negative integer"),
+                )
+            })?,
+        };
+        let pod_spec = r.get("template").and_then(|t| t.get("spec"));
+        let container = pod_spec
+            .and_then(|p| p.get("containers"))
+            .and_then(Value::as_array)
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.get("name").and_then(Value::as_str) == Some("pytorch"))
+                    .or(if cs.len() == 1 { cs.first() } else { None })
+            });
+        out.push(Replica {
+            name,
+            replicas,
+            pod_spec,
+            container,
+        });
+    }
+    // Master first, then Worker, then anything else in name order (serde_json keeps keys
+    // sorted, so the order is stable).
+    out.sort_by_key(|r| match r.name.to_ascii_lowercase().as_str() {
+        "master" => 0,
+        "worker" => 1,
+        _ => 2,
+    });
+    Ok(out)
+}
+
+/// The words Megatron flags are read from: command, args, then env values.
+fn container_words(c: &Value) -> Vec<&str> {
+    let mut words = Vec::new();
+    for key in ["command", "args"] {
+        if let Some(list) = c.get(key).and_then(Value::as_array) {
+            words.extend(list.iter().filter_map(Value::as_str));
+        }
+    }
+    if let Some(env) = c.get("env").and_then(Value::as_array) {
+        words.extend(
+            env.iter()
+                .filter_map(|e| e.get("value"))
+                .filter_map(Value::as_str),
+        );
+    }
+    words
+}
+
+/// GPUs a container asks for: (resource name, count) from limits, else requests.
+fn gpu_limit(c: &Value, resources: &[String]) -> Result<Option<(String, u64)>, DeriveError> {
+    for section in ["limits", "requests"] {
+        let Some(map) = c
+            .get("resources")
+            .and_then(|r| r.get(section))
+            .and_then(Value::as_object)
+        else {
+            continue;
+        };
+        for res in resources {
+            if let Some(v) = map.get(res.as_str()) {
+                let n = match v {
+                    Value::Number(n) => n.as_u64(),
+                    Value::String(s) => s.trim().parse::<u64>().ok(),
+                    _ => None,
+                };
+                let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
+                return match n {
+                    Some(n) => Ok(Some((res.clone(), n))),
+                    None => Err(DeriveError::invalid(
+                        format!("containers[{name}].resources.{section}[{res}]"),
+                        format!("{v} is not a whole number of GPUs"),
+                    )),
+                };
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Processes per replica: `nprocPerNode` (an integer, or `gpu`/`auto` = the GPU limit), else
+/// `elasticPolicy.nProcPerNode`, else the GPU limit.
+fn procs_per_replica(
+    spec: &Value,
+    gpus: Option<u64>,
+    replica: &str,
+) -> Result<Result<u64, String>, DeriveError> {
+    let from_gpus = |why: &str| -> Result<u64, String> {
+        gpus.filter(|&g| g > 0).ok_or_else(|| {
+            format!(
+                "GPUs per {replica} replica: {why}, and the pytorch container has no GPU limit (amd.com/gpu or nvidia.com/gpu)"
+            )
+        })
+    };
+    match spec.get("nprocPerNode") {
+        Some(Value::String(s)) => {
+            let s = s.trim();
+            match s {
+                "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {s:?}"))),
+                "cpu" => Ok(Err("nprocPerNode is \"cpu\": not a GPU job".to_string())),
+                n => match n.parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Ok(n)),
+                    _ => Err(DeriveError::invalid(
+                        "spec.nprocPerNode",
+                        format!("{s:?} is not auto, cpu, gpu or a positive integer"),
+                    )),
+                },
+            }
+        }
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(n) if n > 0 => Ok(Ok(n)),
+            _ => Err(DeriveError::invalid(
+                "spec.nprocPerNode",
+                format!("{n} is not a positive integer"),
+            )),
+        },
+        Some(Value::Null) | None => {
+            match spec
+                .get("elasticPolicy")
+                .and_then(|e| e.get("nProcPerNode"))
+            {
+                Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {
+                    Ok(Ok(n.as_u64().unwrap_or(1)))
+                }
+                _ => Ok(from_gpus("no nprocPerNode")),
+            }
+        }
+        Some(other) => Err(DeriveError::invalid(
+            "spec.nprocPerNode",
+            format!("{other} is not a string"),
+        )),
+    }
+}
+
+/// Product label values the pod's required node affinity allows, per label key.
+fn affinity_values<'a>(pod: &'a Value, label: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let terms = pod
+        .get("affinity")
+        .and_then(|a| a.get("nodeAffinity"))
+        .and_then(|a| a.get("requiredDuringSchedulingIgnoredDuringExecution"))
+        .and_then(|r| r.get("nodeSelectorTerms"))
+        .and_then(Value::as_array);
+    for term in terms.into_iter().flatten() {
+        let exprs = term.get("matchExpressions").and_then(Value::as_array);
+        for e in exprs.into_iter().flatten() {
+            if e.get("key").and_then(Value::as_str) == Some(label)
+                && e.get("operator").and_then(Value::as_str) == Some("In")
+            {
+                let values = e.get("values").and_then(Value::as_array);
+                out.extend(values.into_iter().flatten().filter_map(Value::as_str));
+            }
+        }
+    }
+    out
+}
+
+struct GpuKind {
+    profile: HardwareProfile,
+    source: String,
+    note: Option<String>,
+}
+
+/// The GPU kind: node selector, then required node affinity, then the `primus.dev/gpu`
+/// annotation, then the GPU resource name when only one profile uses it.
+fn gpu_kind(
+    pods: &[&Value],
+    annotations: &BTreeMap<String, String>,
+    resource: Option<&str>,
+    catalog: &Catalog,
+) -> Result<GpuKind, String> {
+    let labels = product_labels(catalog);
+    let mut unknown: Vec<String> = Vec::new();
+    for pod in pods {
+        if let Some(sel) = pod.get("nodeSelector").and_then(Value::as_object) {
+            for label in &labels {
+                if let Some(v) = sel.get(label).and_then(Value::as_str) {
+                    match catalog.hardware_by_product_label(v) {
+                        Some(p) => {
+                            return Ok(GpuKind {
+                                profile: p.clone(),
+                                source: format!("nodeSelector {label}={v}"),
+                                note: None,
+                            });
+                        }
+                        None => unknown.push(format!("nodeSelector {label}={v}")),
+                    }
+                }
+            }
+        }
+    }
+    for pod in pods {
+        for label in &labels {
+            let values = affinity_values(pod, label);
+            if values.is_empty() {
+                continue;
+            }
+            let mut found: Vec<&HardwareProfile> = Vec::new();
+            for v in &values {
+                match catalog.hardware_by_product_label(v) {
+                    Some(p) => {
+                        if !found.iter().any(|f| f.name == p.name) {
+                            found.push(p);
+                        }
+                    }
+                    None => unknown.push(format!("node affinity {label} In {v}")),
+                }
+            }
+            if found.is_empty() {
+                continue;
+            }
+            // The scheduler may place the job on any allowed kind: check the smallest.
+            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
+            let p = found[0];
+            let note = (found.len() > 1).then(|| {
+                format!(
+                    "node affinity allows {}: checked against the smallest, {}",
+                    found
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    p.name
+                )
+            });
+            return Ok(GpuKind {
+                profile: p.clone(),
+                source: format!("node affinity {label} In [{}]", values.join(", ")),
+                note,
+            });
+        }
+    }
+    if let Some(name) = annotations.get(annotations::GPU) {
+        return match catalog.hardware(name.trim()) {
+            Some(p) => Ok(GpuKind {
+                profile: p.clone(),
+                source: format!("annotation {}={name}", annotations::GPU),
+                note: None,
+            }),
+            None => Err(format!(
+                "GPU kind: unknown hardware profile {name:?} in annotation {}; known: {}",
+                annotations::GPU,
+                catalog.hardware_names().join(", ")
+            )),
+        };
+    }
+    if !unknown.is_empty() {
+        let known: Vec<String> = catalog
+            .hardware_profiles()
+            .flat_map(|p| p.kubernetes.product_values.first().cloned())
+            .collect();
+        return Err(format!(
+            "GPU kind: no hardware profile for {} (known products: {}); or name a profile in annotation {}",
+            unknown.join(", "),
+            known.join(", "),
+            annotations::GPU
+        ));
+    }
+    let Some(resource) = resource else {
+        return Err(format!(
+            "GPU kind: no GPU resource, no nodeSelector on {} and no annotation {}",
+            labels.join(" / "),
+            annotations::GPU
+        ));
+    };
+    let candidates: Vec<&HardwareProfile> = catalog
+        .hardware_profiles()
+        .filter(|p| p.kubernetes.resource == resource)
+        .collect();
+    match candidates.as_slice() {
+        [p] => Ok(GpuKind {
+            profile: (*p).clone(),
+            source: format!("resource {resource} (the only profile using it)"),
+            note: Some(format!(
+                "GPU kind inferred from the resource {resource} alone ({}): pin it with a nodeSelector or annotation {}",
+                p.name,
+                annotations::GPU
+            )),
+        }),
+        _ => {
+            let label = candidates
+                .first()
+                .map(|p| p.kubernetes.product_label.clone())
+                .unwrap_or_else(|| "the GPU product label".into());
+            Err(format!(
+                "GPU kind: the job asks for {resource} but not which product ({}); add a nodeSelector on {label} or annotation {}",
+                candidates
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                annotations::GPU
+            ))
+        }
+    }
+}
+
+/// Upper bounds that keep the memory model's integer arithmetic far from overflow. Anything
+/// beyond them is not a real training job.
+pub(crate) mod bounds {
+    pub const LAYERS: u32 = 4096;
+    pub const HIDDEN: u64 = 1 << 17;
+    pub const FFN: u64 = 1 << 20;
+    pub const HEADS: u32 = 4096;
+    pub const VOCAB: u64 = 1 << 23;
+    pub const EXPERTS: u32 = 1 << 12;
+    pub const SEQ: u64 = 1 << 24;
+    pub const GBS: u64 = 1 << 32;
+    pub const AXIS: u32 = 1 << 16;
+    pub const WORLD: u64 = 1 << 24;
+}
+
+pub(crate) fn check_card_bounds(m: &ModelCard, at: &str) -> Result<(), DeriveError> {
+    let big = |name: &str, v: u64, max: u64| -> Result<(), DeriveError> {
+        if v > max {
+            Err(DeriveError::invalid(
+                format!("{at}{name}"),
+                format!("{v} is beyond any real model (at most {max})"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    big("layers", m.layers as u64, bounds::LAYERS as u64)?;
+    big("hiddenSize", m.hidden_size, bounds::HIDDEN)?;
+    big("ffnHiddenSize", m.ffn_hidden_size, bounds::FFN)?;
+    big(
+        "attentionHeads",
+        m.attention_heads as u64,
+        bounds::HEADS as u64,
+    )?;
+    big("kvHeads", m.kv_heads() as u64, bounds::HEADS as u64)?;
+    big("headDim", m.head_dim(), bounds::HIDDEN)?;
+    big("vocabSize", m.vocab_size, bounds::VOCAB)?;
+    big("mtpLayers", m.mtp_layers as u64, bounds::LAYERS as u64)?;
+    big("positionEmbeddings", m.position_embeddings, bounds::SEQ)?;
+    if let Some(e) = &m.moe {
+        big(
+            "moe.numExperts",
+            e.num_experts as u64,
+            bounds::EXPERTS as u64,
+        )?;
+        big("moe.topK", e.top_k as u64, bounds::EXPERTS as u64)?;
+        big("moe.moeFfnHiddenSize", e.moe_ffn_hidden_size, bounds::FFN)?;
+        big(
+            "moe.sharedExpertFfnHiddenSize",
+            e.shared_expert_ffn_hidden_size.unwrap_or(0),
+            bounds::FFN,
+        )?;
+        big(
+            "moe.sharedExperts",
+            e.shared_experts as u64,
+            bounds::EXPERTS as u64,
+        )?;
+    }
+    if let Some(a) = &m.mla {
+        big("mla.qLoraRank", a.q_lora_rank.unwrap_or(0), bounds::HIDDEN)?;
+        big("mla.kvLoraRank", a.kv_lora_rank, bounds::HIDDEN)?;
+        big("mla.qkNopeHeadDim", a.qk_nope_head_dim, bounds::HIDDEN)?;
+        big("mla.qkRopeHeadDim", a.qk_rope_head_dim, bounds::HIDDEN)?;
+        big("mla.vHeadDim", a.v_head_dim, bounds::HIDDEN)?;
+    }
+    if let Some(w) = m.sliding_window {
+        big("slidingWindow", w, bounds::SEQ)?;
+    }
+    Ok(())
+}
+
+/// Sizes of a layout against the world size, in u64 so nothing overflows; the oracle's
+/// legality rules (`Layout::check`) run after this.
+pub(crate) fn check_layout_bounds(
+    l: &Layout,
+    world: u64,
+    name: &dyn Fn(&str) -> String,
+) -> Result<(), DeriveError> {
+    for (f, v) in [
+        ("tp", l.tp),
+        ("pp", l.pp),
+        ("vpp", l.vpp),
+        ("cp", l.cp),
+        ("ep", l.ep),
+        ("etp", l.etp),
+        ("microBatchSize", l.micro_batch_size),
+    ] {
+        if v == 0 {
+            return Err(DeriveError::invalid(name(f), "must be at least 1"));
+        }
+        if v > bounds::AXIS {
+            return Err(DeriveError::invalid(
+                name(f),
+                format!("{v} is beyond any real layout (at most {})", bounds::AXIS),
+            ));
+        }
+    }
+    let mp = l.tp as u64 * l.pp as u64 * l.cp as u64;
+    if mp > world {
+        return Err(DeriveError::invalid(
+            name("tp"),
+            format!(
+                "tp*pp*cp = {}*{}*{} = {mp} exceeds the job's {world} GPUs",
+                l.tp, l.pp, l.cp
+            ),
+        ));
+    }
+    let grid = l.ep as u64 * l.etp as u64;
+    if grid > world {
+        return Err(DeriveError::invalid(
+            name("ep"),
+            format!(
+                "ep*etp = {}*{} = {grid} exceeds the job's {world} GPUs",
+                l.ep, l.etp
+            ),
+        ));
+    }
+    for (f, v) in [
+        ("firstStageLayers", l.first_stage_layers),
+        ("lastStageLayers", l.last_stage_layers),
+        ("recomputeLayers", Some(l.recompute_layers)),
+    ] {
+        if let Some(v) = v
+            && v > bounds::LAYERS
+        {
+            return Err(DeriveError::invalid(
+                name(f),
+                format!("{v} is beyond any real model (at most {})", bounds::LAYERS),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Numeric Megatron flags, bounded before the oracle turns them into a model and a layout.
+const NUMERIC_FLAGS: &[(&str, u64)] = &[
+    (flag::NUM_LAYERS, bounds::LAYERS as u64),
+    (flag::HIDDEN, bounds::HIDDEN),
+    (flag::FFN_HIDDEN, bounds::FFN),
+    (flag::HEADS, bounds::HEADS as u64),
+    (flag::QUERY_GROUPS, bounds::HEADS as u64),
+    (flag::KV_CHANNELS, bounds::HIDDEN),
+    (flag::VOCAB, bounds::VOCAB),
+    (flag::VOCAB_ALT, bounds::VOCAB),
+    (flag::NUM_EXPERTS, bounds::EXPERTS as u64),
+    (flag::MOE_TOPK, bounds::EXPERTS as u64),
+    (flag::MOE_FFN_HIDDEN, bounds::FFN),
+    (flag::MOE_SHARED_FFN, bounds::FFN),
+    (flag::MOE_FIRST_DENSE, bounds::LAYERS as u64),
+    (flag::Q_LORA, bounds::HIDDEN),
+    (flag::KV_LORA, bounds::HIDDEN),
+    (flag::QK_HEAD_DIM, bounds::HIDDEN),
+    (flag::QK_POS_HEAD_DIM, bounds::HIDDEN),
+    (flag::V_HEAD_DIM, bounds::HIDDEN),
+    (flag::MTP_LAYERS, bounds::LAYERS as u64),
+    (flag::SEQ, bounds::SEQ),
+    (flag::GBS, bounds::GBS),
+    (flag::MBS, bounds::AXIS as u64),
+    (flag::TP, bounds::AXIS as u64),
+    (flag::PP, bounds::AXIS as u64),
+    (flag::CP, bounds::AXIS as u64),
+    (flag::EP, bounds::AXIS as u64),
+    (flag::ETP, bounds::AXIS as u64),
+    (flag::VPP_SIZE, bounds::AXIS as u64),
+    (flag::VPP_LAYERS, bounds::LAYERS as u64),
+    (flag::RECOMPUTE_NUM_LAYERS, bounds::LAYERS as u64),
+    (flag::FIRST_STAGE_LAYERS, bounds::LAYERS as u64),
+    (flag::LAST_STAGE_LAYERS, bounds::LAYERS as u64),
+];
+
+fn check_flag_bounds(args: &MegatronArgs) -> Result<(), DeriveError> {
+    for &(f, max) in NUMERIC_FLAGS {
+        if let Some(v) = args.get(f)
+            && let Ok(n) = v.trim().parse::<u128>()
+            && n > max as u128
+        {
+            return Err(DeriveError::invalid(
+                f,
+                format!("{n} is beyond any real job (at most {max})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The Megatron flag that sets a layout field (by its name in `spec.parallelism`).
+pub fn flag_for_field(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "tp" => flag::TP,
+        "pp" => flag::PP,
+        "vpp" => flag::VPP_SIZE,
+        "cp" => flag::CP,
+        "ep" => flag::EP,
+        "etp" => flag::ETP,
+        "microBatchSize" => flag::MBS,
+        "recompute" => flag::RECOMPUTE_GRANULARITY,
+        "recomputeLayers" => flag::RECOMPUTE_NUM_LAYERS,
+        "sequenceParallel" => flag::SP,
+        "distributedOptimizer" => flag::DIST_OPT,
+        "fsdp" => flag::FSDP,
+        "schedule" => flag::VPP_SIZE,
+        "firstStageLayers" => flag::FIRST_STAGE_LAYERS,
+        "lastStageLayers" => flag::LAST_STAGE_LAYERS,
+        "pipelineLayout" => "--pipeline-model-parallel-layout",
+        "spec.training.globalBatchSize" => flag::GBS,
+        "spec.training.seqLength" => flag::SEQ,
+        "spec.cluster.gpus" => "world size (replicas x nprocPerNode)",
+        _ => return None,
+    })
+}
+
+/// Rename a field of the oracle's vocabulary (`spec.parallelism.tp`) to where the job says it.
+pub fn job_field(field: &str, source: LayoutSource) -> String {
+    let short = field.strip_prefix("spec.parallelism.").unwrap_or(field);
+    match source {
+        LayoutSource::Flags => flag_for_field(short)
+            .or_else(|| flag_for_field(field))
+            .map(str::to_string)
+            .unwrap_or_else(|| field.to_string()),
+        LayoutSource::Annotation => {
+            if field.starts_with("spec.parallelism.") {
+                format!("{}.{short}", annotation_field(annotations::LAYOUT))
+            } else if field.starts_with("spec.training.") {
+                flag_for_field(field)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| field.to_string())
+            } else {
+                field.to_string()
+            }
+        }
+    }
+}
+
+fn parse_annotation<T: serde::de::DeserializeOwned>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<T>, DeriveError> {
+    let Some(text) = annotations.get(key) else {
+        return Ok(None);
+    };
+    let field = annotation_field(key);
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| DeriveError::invalid(field.clone(), format!("is not valid JSON: {e}")))?;
+    from_value_at(value, &field)
+        .map(Some)
+        .map_err(DeriveError::Invalid)
+}
+
+/// Derive the scenario and layout of a PyTorchJob (`data` is the object without metadata, as
+/// in a `DynamicObject`; `annotations` its metadata annotations).
+pub fn derive(
+    data: &Value,
+    annotations: &BTreeMap<String, String>,
+    catalog: &Catalog,
+) -> Result<DerivedJob, DeriveError> {
+    let Some(spec) = data.get("spec").filter(|s| s.is_object()) else {
+        return Err(DeriveError::Missing(vec!["the job has no spec".into()]));
+    };
+    let replicas = replicas_of(spec)?;
+    let mut missing: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+
+    // The container whose flags describe the job: Master's, else Worker's.
+    let primary = replicas.iter().find(|r| r.container.is_some());
+    let words: Vec<&str> = primary
+        .and_then(|r| r.container)
+        .map(container_words)
+        .unwrap_or_default();
+    let args = MegatronArgs::parse(words.iter().copied());
+    check_flag_bounds(&args)?;
+
+    // Model: annotations, then architecture flags.
+    let card_annotation: Option<ModelCard> =
+        parse_annotation(annotations, annotations::MODEL_CARD)?;
+    let model = if let Some(card) = card_annotation {
+        let at = annotation_field(annotations::MODEL_CARD);
+        check_card_bounds(&card, &format!("{at}."))?;
+        card.validate(&at).map_err(DeriveError::Invalid)?;
+        Some(card)
+    } else if let Some(name) = annotations.get(annotations::MODEL) {
+        match catalog.model(name.trim()) {
+            Some(card) => Some(card.clone()),
+            None => {
+                missing.push(format!(
+                    "model: unknown preset {name:?} in annotation {}; known: {}",
+                    annotations::MODEL,
+                    catalog.model_names().join(", ")
+                ));
+                None
+            }
+        }
+    } else {
+        match args.model_card().map_err(DeriveError::Invalid)? {
+            Some(card) => {
+                check_card_bounds(&card, "--")?;
+                card.validate("megatron flags")
+                    .map_err(DeriveError::Invalid)?;
+                Some(card)
+            }
+            None => {
+                missing.push(format!(
+                    "model: no annotation {} (a preset: {}) and no complete architecture flags ({} {} {} {})",
+                    annotations::MODEL,
+                    catalog.model_names().join(", "),
+                    flag::NUM_LAYERS,
+                    flag::HIDDEN,
+                    flag::HEADS,
+                    flag::VOCAB
+                ));
+                None
+            }
+        }
+    };
+
+    // Training settings: annotation, then flags.
+    let training = match parse_annotation::<Training>(annotations, annotations::TRAINING)? {
+        Some(t) => Some(t),
+        None => {
+            let t = args.training().map_err(DeriveError::Invalid)?;
+            if t.is_none() {
+                missing.push(format!(
+                    "training: no {} and {} flags and no annotation {}",
+                    flag::SEQ,
+                    flag::GBS,
+                    annotations::TRAINING
+                ));
+            }
+            t
+        }
+    };
+    if let Some(t) = &training {
+        let field = |f: &str| {
+            if annotations.contains_key(annotations::TRAINING) {
+                format!("{}.{f}", annotation_field(annotations::TRAINING))
+            } else if f == "seqLength" {
+                flag::SEQ.to_string()
+            } else {
+                flag::GBS.to_string()
+            }
+        };
+        if t.seq_length == 0 || t.seq_length > bounds::SEQ {
+            return Err(DeriveError::invalid(
+                field("seqLength"),
+                format!(
+                    "{} is not a sequence length in 1..={}",
+                    t.seq_length,
+                    bounds::SEQ
+                ),
+            ));
+        }
+        if t.global_batch_size == 0 || t.global_batch_size > bounds::GBS {
+            return Err(DeriveError::invalid(
+                field("globalBatchSize"),
+                format!(
+                    "{} is not a global batch size in 1..={}",
+                    t.global_batch_size,
+                    bounds::GBS
+                ),
+            ));
+        }
+    }
+
+    // World size and GPUs per node.
+    let resources = gpu_resources(catalog);
+    let mut world: u64 = 0;
+    let mut per_node: Option<u64> = None;
+    let mut resource: Option<String> = None;
+    let mut world_known = true;
+    for r in &replicas {
+        let gpus = match r.container {
+            Some(c) => gpu_limit(c, &resources)?,
+            None => None,
+        };
+        if let Some((res, _)) = &gpus
+            && resource.is_none()
+        {
+            resource = Some(res.clone());
+        }
+        if r.container.is_none() {
+            missing.push(format!(
+                "GPUs per {} replica: no container named pytorch in its pod template",
+                r.name
+            ));
+            world_known = false;
+            continue;
+        }
+        match procs_per_replica(spec, gpus.map(|(_, n)| n), r.name)? {
+            Ok(n) => {
+                world = world.saturating_add(r.replicas.saturating_mul(n));
+                if per_node.is_none() {
+                    per_node = Some(n);
+                }
+            }
+            Err(why) => {
+                missing.push(why);
+                world_known = false;
+            }
+        }
+    }
+    if world_known && world == 0 {
+        missing.push("world size: the replicas add up to 0 GPUs".into());
+    }
+    if world > bounds::WORLD {
+        return Err(DeriveError::invalid(
+            "spec.pytorchReplicaSpecs",
+            format!(
+                "replicas x nprocPerNode = {world} GPUs is beyond any real job (at most {})",
+                bounds::WORLD
+            ),
+        ));
+    }
+
+    // GPU kind.
+    let pods: Vec<&Value> = replicas.iter().filter_map(|r| r.pod_spec).collect();
+    let gpu = match gpu_kind(&pods, annotations, resource.as_deref(), catalog) {
+        Ok(g) => {
+            notes.extend(g.note.clone());
+            Some(g)
+        }
+        Err(why) => {
+            missing.push(why);
+            None
+        }
+    };
+
+    // Layout: annotation, then flags (which need the model's layer count for VPP).
+    let annotated: Option<Layout> = parse_annotation(annotations, annotations::LAYOUT)?;
+    let (layout, layout_source) = match annotated {
+        Some(l) => (Some(l), LayoutSource::Annotation),
+        None => match &model {
+            Some(m) => {
+                let mut l = args.layout(m.layers).map_err(DeriveError::Invalid)?;
+                // Megatron defaults --expert-tensor-parallel-size to TP, but it means nothing
+                // for a dense model (the oracle's rules reject ETP > 1 without experts).
+                if m.moe.is_none() && !args.has(flag::ETP) {
+                    l.etp = 1;
+                }
+                (Some(l), LayoutSource::Flags)
+            }
+            None => (None, LayoutSource::Flags),
+        },
+    };
+
+    if !missing.is_empty() {
+        return Err(DeriveError::Missing(missing));
+    }
+    let (Some(model), Some(training), Some(gpu), Some(layout)) = (model, training, gpu, layout)
+    else {
+        return Err(DeriveError::Missing(vec![
+            "the job could not be derived".into(),
+        ]));
+    };
+    let name = |f: &str| job_field(&format!("spec.parallelism.{f}"), layout_source);
+    check_layout_bounds(&layout, world, &name)?;
+    let gpus_per_node = per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
+    let scenario = Scenario {
+        model,
+        hardware: gpu.profile,
+        cluster: Cluster {
+            gpus: world as u32,
+            gpus_per_node: gpus_per_node.clamp(1, bounds::AXIS as u64) as u32,
+        },
+        training,
+    };
+    layout.check(&scenario).map_err(|e| {
+        DeriveError::invalid(
+            job_field(&e.field, layout_source),
+            format!("{} (rule {})", e.message, e.rule),
+        )
+    })?;
+    Ok(DerivedJob {
+        scenario,
+        layout,
+        layout_source,
+        gpu_source: gpu.source,
+        notes,
+    })
+}

@@ -1,0 +1,363 @@
+//! The nearest legal layouts that fit: a bounded search around the job's own layout. Every
+//! move changes one axis (recompute, TP, PP, CP, EP, VPP, micro-batch size, distributed
+//! optimizer, sequence parallelism, FSDP); single moves are tried first, then pairs of moves
+//! on different axes. Candidates are ranked by how many axes change, then by how large the
+//! change is (a cost per move), then by predicted memory. The search stops at its deadline.
+
+use std::time::Instant;
+
+use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::megatron::flag;
+use primus_oracle::memory;
+use primus_oracle::plan::Scenario;
+
+/// One change to one axis of a layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    Recompute(Recompute, u32),
+    Tp(u32),
+    Pp(u32),
+    Vpp(u32),
+    Cp(u32),
+    Ep(u32),
+    MicroBatch(u32),
+    DistributedOptimizer,
+    SequenceParallel,
+    Fsdp,
+}
+
+impl Move {
+    /// Which axis the move changes (two moves on one axis never combine).
+    fn axis(&self) -> u8 {
+        match self {
+            Move::Recompute(..) => 0,
+            Move::Tp(_) => 1,
+            Move::Pp(_) => 2,
+            Move::Vpp(_) => 3,
+            Move::Cp(_) => 4,
+            Move::Ep(_) => 5,
+            Move::MicroBatch(_) => 6,
+            Move::DistributedOptimizer | Move::Fsdp => 7,
+            Move::SequenceParallel => 8,
+        }
+    }
+
+    fn apply(&self, l: &mut Layout) {
+        match *self {
+            Move::Recompute(r, n) => {
+                l.recompute = r;
+                l.recompute_layers = n;
+            }
+            Move::Tp(v) => {
+                l.tp = v;
+                // Megatron's ETP defaults to TP when the flag is not given.
+                if l.etp > v {
+                    l.etp = v;
+                }
+            }
+            Move::Pp(v) => {
+                l.pp = v;
+                if v == 1 {
+                    l.vpp = 1;
+                    l.schedule = Schedule::OneFOneB;
+                }
+            }
+            Move::Vpp(v) => {
+                l.vpp = v;
+                l.schedule = if v > 1 {
+                    Schedule::Interleaved
+                } else if l.schedule == Schedule::Interleaved {
+                    Schedule::OneFOneB
+                } else {
+                    l.schedule
+                };
+            }
+            Move::Cp(v) => l.cp = v,
+            Move::Ep(v) => l.ep = v,
+            Move::MicroBatch(v) => l.micro_batch_size = v,
+            Move::DistributedOptimizer => l.distributed_optimizer = true,
+            Move::SequenceParallel => l.sequence_parallel = true,
+            Move::Fsdp => {
+                l.fsdp = true;
+                l.distributed_optimizer = false;
+            }
+        }
+    }
+
+    /// The Megatron flags that make this change.
+    pub fn flags(&self) -> String {
+        match *self {
+            Move::Recompute(Recompute::Selective, _) => {
+                format!("{} selective", flag::RECOMPUTE_GRANULARITY)
+            }
+            Move::Recompute(Recompute::Full, 0) => format!(
+                "{} full {} uniform {} 1",
+                flag::RECOMPUTE_GRANULARITY,
+                flag::RECOMPUTE_METHOD,
+                flag::RECOMPUTE_NUM_LAYERS
+            ),
+            Move::Recompute(Recompute::Full, n) => format!(
+                "{} full {} block {} {n}",
+                flag::RECOMPUTE_GRANULARITY,
+                flag::RECOMPUTE_METHOD,
+                flag::RECOMPUTE_NUM_LAYERS
+            ),
+            Move::Recompute(Recompute::None, _) => {
+                format!("no {}", flag::RECOMPUTE_GRANULARITY)
+            }
+            Move::Tp(v) => format!("{} {v}", flag::TP),
+            Move::Pp(v) => format!("{} {v}", flag::PP),
+            Move::Vpp(1) => format!("no {}", flag::VPP_SIZE),
+            Move::Vpp(v) => format!("{} {v}", flag::VPP_SIZE),
+            Move::Cp(v) => format!("{} {v}", flag::CP),
+            Move::Ep(v) => format!("{} {v}", flag::EP),
+            Move::MicroBatch(v) => format!("{} {v}", flag::MBS),
+            Move::DistributedOptimizer => flag::DIST_OPT.to_string(),
+            Move::SequenceParallel => flag::SP.to_string(),
+            Move::Fsdp => flag::FSDP.to_string(),
+        }
+    }
+}
+
+/// A layout that fits, and how it differs from the job's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suggestion {
+    pub moves: Vec<Move>,
+    pub layout: Layout,
+    /// Predicted peak bytes of its bottleneck stage.
+    pub peak_bytes: f64,
+    /// How large the change is (sum of the moves' costs).
+    pub cost: f64,
+}
+
+impl Suggestion {
+    /// The Megatron flags to change, e.g. `--pipeline-model-parallel-size 8`.
+    pub fn flags(&self) -> String {
+        self.moves
+            .iter()
+            .map(Move::flags)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// What the search did.
+#[derive(Debug, Clone, Default)]
+pub struct SearchOutcome {
+    /// The best layouts found, best first.
+    pub suggestions: Vec<Suggestion>,
+    /// Layouts whose memory was predicted.
+    pub evaluated: u32,
+    /// Whether the deadline stopped the search.
+    pub timed_out: bool,
+}
+
+fn log2_ratio(a: u32, b: u32) -> f64 {
+    ((a.max(1) as f64) / (b.max(1) as f64)).log2().abs()
+}
+
+/// Powers of two above `cur` up to `max`, plus `max`'s divisors in between are not needed:
+/// parallel sizes in practice are powers of two or divisors of the model's counts.
+fn larger_sizes(cur: u32, max: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut v = 1u32;
+    while v <= max {
+        if v > cur {
+            out.push(v);
+        }
+        match v.checked_mul(2) {
+            Some(n) => v = n,
+            None => break,
+        }
+    }
+    out
+}
+
+/// Single moves from `l`, each with its cost.
+fn moves(s: &Scenario, l: &Layout) -> Vec<(Move, f64)> {
+    let mut out = Vec::new();
+    let layers = s.model.layers;
+    let gpus = s.cluster.gpus;
+    // Recompute: selective, full for all layers, and full for the fewest layers that fit
+    // (added by the caller, which knows the limit).
+    match l.recompute {
+        Recompute::None => {
+            out.push((Move::Recompute(Recompute::Selective, 0), 1.0));
+            out.push((Move::Recompute(Recompute::Full, 0), 3.0));
+        }
+        Recompute::Selective => out.push((Move::Recompute(Recompute::Full, 0), 2.5)),
+        Recompute::Full if l.recompute_layers > 0 => {
+            out.push((Move::Recompute(Recompute::Full, 0), 1.5))
+        }
+        Recompute::Full => {}
+    }
+    // Tensor parallelism within the scale-up domain.
+    let tp_max = s
+        .hardware
+        .scale_up_domain
+        .max(s.cluster.gpus_per_node)
+        .min(gpus);
+    for v in larger_sizes(l.tp, tp_max) {
+        out.push((Move::Tp(v), 0.5 + log2_ratio(v, l.tp)));
+    }
+    // Pipeline parallelism: any size dividing the GPUs, up to the layer count.
+    let mut v = l.pp + 1;
+    let pp_max = layers.min(gpus).min(256);
+    while v <= pp_max {
+        if gpus.is_multiple_of(v) {
+            out.push((Move::Pp(v), 0.5 + log2_ratio(v, l.pp)));
+        }
+        v += 1;
+    }
+    // Fewer virtual stages keep fewer micro-batches in flight.
+    if l.vpp > 1 {
+        for v in 1..l.vpp {
+            if l.vpp.is_multiple_of(v) || v == 1 {
+                out.push((Move::Vpp(v), 0.5 + 0.5 * log2_ratio(v, l.vpp)));
+            }
+        }
+    }
+    for v in larger_sizes(l.cp, 16.min(gpus)) {
+        out.push((Move::Cp(v), 1.0 + log2_ratio(v, l.cp)));
+    }
+    if let Some(moe) = &s.model.moe {
+        for v in larger_sizes(l.ep, moe.num_experts.min(gpus)) {
+            out.push((Move::Ep(v), 0.5 + log2_ratio(v, l.ep)));
+        }
+    }
+    if l.micro_batch_size > 1 {
+        let mut v = l.micro_batch_size / 2;
+        loop {
+            out.push((
+                Move::MicroBatch(v),
+                0.25 + 0.5 * log2_ratio(v, l.micro_batch_size),
+            ));
+            if v <= 1 {
+                break;
+            }
+            v /= 2;
+        }
+    }
+    if !l.distributed_optimizer && !l.fsdp {
+        out.push((Move::DistributedOptimizer, 0.25));
+    }
+    if l.tp > 1 && !l.sequence_parallel {
+        out.push((Move::SequenceParallel, 0.25));
+    }
+    if !l.fsdp {
+        out.push((Move::Fsdp, 3.0));
+    }
+    out
+}
+
+/// Search layouts near `current` whose predicted peak is at most `limit_bytes`; stop at
+/// `deadline`. At most `max` suggestions, best first.
+pub fn search(
+    s: &Scenario,
+    current: &Layout,
+    limit_bytes: f64,
+    deadline: Instant,
+    max: usize,
+) -> SearchOutcome {
+    let mut out = SearchOutcome::default();
+    let mut found: Vec<Suggestion> = Vec::new();
+    let evaluate =
+        |ms: &[(Move, f64)], out: &mut SearchOutcome, found: &mut Vec<Suggestion>| -> Option<f64> {
+            let mut l = current.clone();
+            for (m, _) in ms {
+                m.apply(&mut l);
+            }
+            if l == *current || l.check(s).is_err() {
+                return None;
+            }
+            out.evaluated += 1;
+            let (peak, _) = memory::peak_bytes(s, &l);
+            if peak.is_finite() && peak <= limit_bytes {
+                found.push(Suggestion {
+                    moves: ms.iter().map(|(m, _)| *m).collect(),
+                    layout: l,
+                    peak_bytes: peak,
+                    cost: ms.iter().map(|(_, c)| c).sum(),
+                });
+            }
+            Some(peak)
+        };
+
+    let mut singles = moves(s, current);
+    // Partial full recompute: the fewest layers per chunk that fit (a smaller change than
+    // recomputing every layer).
+    if current.recompute != Recompute::Full || current.recompute_layers > 0 {
+        let chunk_layers = s.model.layers / (current.pp.max(1) * current.vpp.max(1)).max(1);
+        let start = if current.recompute == Recompute::Full {
+            current.recompute_layers + 1
+        } else {
+            1
+        };
+        for n in start..chunk_layers {
+            if Instant::now() > deadline {
+                out.timed_out = true;
+                break;
+            }
+            let m = (
+                Move::Recompute(Recompute::Full, n),
+                1.0 + 1.5 * n as f64 / chunk_layers as f64,
+            );
+            if let Some(peak) = evaluate(&[m], &mut out, &mut found)
+                && peak <= limit_bytes
+            {
+                break;
+            }
+        }
+    }
+    let mut fitting_single: Vec<Move> = found.iter().map(|f| f.moves[0]).collect();
+    for &m in &singles {
+        if Instant::now() > deadline {
+            out.timed_out = true;
+            break;
+        }
+        if let Some(peak) = evaluate(&[m], &mut out, &mut found)
+            && peak <= limit_bytes
+        {
+            fitting_single.push(m.0);
+        }
+    }
+    // Pairs: only of moves that do not fit alone (a pair containing a fitting move is a
+    // larger change than that move).
+    singles.retain(|(m, _)| !fitting_single.contains(m));
+    if found.len() < max {
+        'pairs: for (i, a) in singles.iter().enumerate() {
+            for b in &singles[i + 1..] {
+                if a.0.axis() == b.0.axis() {
+                    continue;
+                }
+                if Instant::now() > deadline {
+                    out.timed_out = true;
+                    break 'pairs;
+                }
+                evaluate(&[*a, *b], &mut out, &mut found);
+            }
+        }
+    }
+    found.sort_by(|a, b| {
+        a.moves
+            .len()
+            .cmp(&b.moves.len())
+            .then(a.cost.total_cmp(&b.cost))
+            .then(a.peak_bytes.total_cmp(&b.peak_bytes))
+    });
+    // One suggestion per axis combination: the smallest change of its kind.
+    let mut kinds: Vec<Vec<u8>> = Vec::new();
+    for f in found {
+        let mut k: Vec<u8> = f.moves.iter().map(Move::axis).collect();
+        k.sort_unstable();
+        if kinds.contains(&k) {
+            continue;
+        }
+        kinds.push(k);
+        out.suggestions.push(f);
+        if out.suggestions.len() >= max {
+            break;
+        }
+    }
+    out
+}

@@ -1,0 +1,395 @@
+//! The decisions: what to answer for one PyTorchJob or TrainingPlan, as a [`Verdict`].
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use primus_crds::annotations;
+use primus_oracle::layout::Layout;
+use primus_oracle::memory;
+use primus_oracle::plan::Scenario;
+use primus_oracle::profiles::Catalog;
+use primus_oracle::units::gib;
+use serde_json::Value;
+
+use crate::pytorchjob::{self, DeriveError, DerivedJob, LayoutSource};
+use crate::suggest;
+
+/// Why the webhook decided what it did (a metrics label and a log field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The predicted peak fits below the headroom.
+    Fits,
+    /// The predicted peak fits, but within the headroom: allowed with a warning.
+    Headroom,
+    /// The predicted peak exceeds usable memory: denied.
+    Oom,
+    /// Model, GPU, training settings or world size could not be derived.
+    Underivable,
+    /// A field of the job is wrong (a flag value, an annotation, an illegal layout).
+    InvalidJob,
+    /// The object carries `primus.dev/skip-validation: "true"`.
+    Skipped,
+    /// An update that only flips `spec.runPolicy.suspend`.
+    SuspendOnly,
+    /// An update that changes only metadata (or status).
+    MetadataOnly,
+    /// An operation the webhook does not check (DELETE, CONNECT, a subresource).
+    NotApplicable,
+    /// A TrainingPlan that passes the semantic rules.
+    PlanValid,
+    /// A TrainingPlan that breaks one.
+    PlanInvalid,
+    /// The request is not a readable AdmissionReview.
+    Malformed,
+    /// The request is for a kind this endpoint does not validate.
+    WrongKind,
+    /// The check panicked or overran its budget (a bug): failed open.
+    Internal,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Fits => "fits",
+            Reason::Headroom => "headroom",
+            Reason::Oom => "oom",
+            Reason::Underivable => "underivable",
+            Reason::InvalidJob => "invalid-job",
+            Reason::Skipped => "skipped",
+            Reason::SuspendOnly => "suspend-only",
+            Reason::MetadataOnly => "metadata-only",
+            Reason::NotApplicable => "not-applicable",
+            Reason::PlanValid => "plan-valid",
+            Reason::PlanInvalid => "plan-invalid",
+            Reason::Malformed => "malformed",
+            Reason::WrongKind => "wrong-kind",
+            Reason::Internal => "internal",
+        }
+    }
+}
+
+/// One decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub allowed: bool,
+    pub reason: Reason,
+    /// The denial message (empty when allowed).
+    pub message: String,
+    /// HTTP-style code of the denial's Status (403 forbidden, 422 invalid).
+    pub code: u16,
+    /// Warnings kubectl prints (allowed or not).
+    pub warnings: Vec<String>,
+    /// Audit annotations (predicted GiB, layout) for the API server's audit log.
+    pub audit: BTreeMap<String, String>,
+}
+
+impl Verdict {
+    pub fn allow(reason: Reason) -> Verdict {
+        Verdict {
+            allowed: true,
+            reason,
+            message: String::new(),
+            code: 0,
+            warnings: Vec::new(),
+            audit: BTreeMap::new(),
+        }
+    }
+
+    pub fn deny(reason: Reason, code: u16, message: impl Into<String>) -> Verdict {
+        Verdict {
+            allowed: false,
+            reason,
+            message: message.into(),
+            code,
+            warnings: Vec::new(),
+            audit: BTreeMap::new(),
+        }
+    }
+
+    fn warn(mut self, w: impl Into<String>) -> Verdict {
+        self.warnings.push(w.into());
+        self
+    }
+
+    /// `allow`, `warn` (allowed with warnings) or `deny`: the metrics' decision label.
+    pub fn decision(&self) -> &'static str {
+        match (self.allowed, self.warnings.is_empty()) {
+            (false, _) => "deny",
+            (true, true) => "allow",
+            (true, false) => "warn",
+        }
+    }
+}
+
+/// Settings of the webhook.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Fraction of usable memory above which an admitted job gets a warning (default 0.92).
+    pub headroom: f64,
+    /// Deny jobs that cannot be derived (instead of allowing them with a warning).
+    pub strict: bool,
+    /// Time the nearest-layout search may take.
+    pub suggest_budget: Duration,
+    /// Suggestions in a denial.
+    pub max_suggestions: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            headroom: primus_oracle::plan::DEFAULT_MEMORY_HEADROOM,
+            strict: false,
+            suggest_budget: Duration::from_millis(250),
+            max_suggestions: 3,
+        }
+    }
+}
+
+/// The decisions, with the catalog they are made against.
+#[derive(Debug, Clone)]
+pub struct Validator {
+    pub catalog: Catalog,
+    pub settings: Settings,
+}
+
+/// Format bytes as GiB with one decimal.
+pub fn gib1(bytes: f64) -> String {
+    format!("{:.1}", gib(bytes))
+}
+
+/// The GPU's display name in messages, e.g. `MI300X`.
+fn gpu_name(s: &Scenario) -> String {
+    s.hardware.name.to_uppercase()
+}
+
+/// Warnings are printed one per line by kubectl: keep them on one line.
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ")
+}
+
+/// The result of projecting one job's memory.
+pub struct MemoryCheck {
+    pub report: memory::MemoryReport,
+    pub peak_bytes: f64,
+    pub stage: u64,
+    pub usable_bytes: f64,
+}
+
+impl Validator {
+    pub fn new(catalog: Catalog, settings: Settings) -> Validator {
+        Validator { catalog, settings }
+    }
+
+    /// Project memory for a derived job.
+    pub fn project(&self, job: &DerivedJob) -> MemoryCheck {
+        let report = memory::estimate(&job.scenario, &job.layout);
+        let peak_bytes = report.peak_bytes;
+        let stage = u64::from(report.bottleneck_stage);
+        MemoryCheck {
+            report,
+            peak_bytes,
+            stage,
+            usable_bytes: job.scenario.hardware.usable_bytes(),
+        }
+    }
+
+    /// `(weights 38.1, grads 19.0, optimizer 28.6, activations 121.7, other 4.0)` of the
+    /// bottleneck stage.
+    fn breakdown(m: &MemoryCheck) -> String {
+        match m.report.stages.iter().find(|st| u64::from(st.stage) == m.stage) {
+            Some(st) => format!(
+                "(weights {}, grads {}, optimizer {}, activations {}, other {})",
+                gib1(st.weights_bytes),
+                gib1(st.gradients_bytes),
+                gib1(st.optimizer_bytes),
+                gib1(st.activations_bytes),
+                gib1(st.other_bytes)
+            ),
+            None => String::new(),
+        }
+    }
+
+    fn suggestions(
+        &self,
+        s: &Scenario,
+        l: &Layout,
+        limit: f64,
+        deadline: Instant,
+    ) -> suggest::SearchOutcome {
+        suggest::search(s, l, limit, deadline, self.settings.max_suggestions)
+    }
+
+    fn suggestion_text(out: &suggest::SearchOutcome) -> String {
+        out.suggestions
+            .iter()
+            .map(|sg| format!("{} ({} GiB)", sg.flags(), gib1(sg.peak_bytes)))
+            .collect::<Vec<_>>()
+            .join(", or ")
+    }
+
+    fn cannot_check(&self, strict: bool, reason: Reason, lines: Vec<String>) -> Verdict {
+        if strict {
+            Verdict::deny(
+                reason,
+                403,
+                format!(
+                    "strict admission (namespace label {}=strict or --strict): cannot check GPU memory: {}",
+                    annotations::ADMISSION_MODE,
+                    lines.join("; ")
+                ),
+            )
+        } else {
+            let mut v = Verdict::allow(reason);
+            for l in lines {
+                v = v.warn(one_line(&format!("primus: cannot check GPU memory: {l}")));
+            }
+            v
+        }
+    }
+
+    /// Decide a PyTorchJob CREATE or UPDATE. `old` is the previous object on UPDATE.
+    pub fn pytorchjob(
+        &self,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+        data: &Value,
+        old: Option<&Value>,
+        strict: bool,
+        deadline: Instant,
+    ) -> Verdict {
+        let strict = strict || self.settings.strict;
+        if labels
+            .get(annotations::SKIP_VALIDATION)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        {
+            return Verdict::allow(Reason::Skipped);
+        }
+        if let Some(old) = old
+            && let Some(r) = unchanged_but_suspend(old, data)
+        {
+            return Verdict::allow(r);
+        }
+        let job = match pytorchjob::derive(data, annotations, &self.catalog) {
+            Ok(job) => job,
+            Err(DeriveError::Missing(lines)) => {
+                return self.cannot_check(strict, Reason::Underivable, lines);
+            }
+            Err(DeriveError::Invalid(e)) => {
+                return self.cannot_check(strict, Reason::InvalidJob, vec![e.to_string()]);
+            }
+        };
+        let v = self.judge(&job, deadline);
+        if strict && v.reason == Reason::Internal {
+            return Verdict::deny(
+                Reason::Internal,
+                500,
+                format!("strict admission: {}", v.warnings.join("; ")),
+            );
+        }
+        v
+    }
+
+    /// Project a derived job and decide.
+    pub fn judge(&self, job: &DerivedJob, deadline: Instant) -> Verdict {
+        let s = &job.scenario;
+        let m = self.project(job);
+        if !m.peak_bytes.is_finite() {
+            let mut v = Verdict::allow(Reason::Internal);
+            v.warnings.push(format!(
+                "primus: cannot check GPU memory: the memory model gave no finite prediction for {}",
+                job.layout.label()
+            ));
+            return v;
+        }
+        let usable = m.usable_bytes;
+        let soft = self.settings.headroom * usable;
+        let search_deadline = deadline.min(Instant::now() + self.settings.suggest_budget);
+        let mut audit = BTreeMap::new();
+        audit.insert("predicted-gib".to_string(), gib1(m.peak_bytes));
+        audit.insert("usable-gib".to_string(), gib1(usable));
+        audit.insert("layout".to_string(), job.layout.label());
+        audit.insert("gpu".to_string(), s.hardware.name.clone());
+        let from = match job.layout_source {
+            LayoutSource::Annotation => "annotation",
+            LayoutSource::Flags => "flags",
+        };
+        audit.insert("layout-source".to_string(), from.to_string());
+        let mut v = if m.peak_bytes > usable {
+            let out = self.suggestions(s, &job.layout, soft, search_deadline);
+            let fix = if out.suggestions.is_empty() {
+                format!(
+                    "no layout within two flag changes fits ({} searched{}): use more GPUs or GPUs with more memory",
+                    out.evaluated,
+                    if out.timed_out {
+                        ", search budget spent"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                format!("fits with {}", Self::suggestion_text(&out))
+            };
+            Verdict::deny(
+                Reason::Oom,
+                403,
+                format!(
+                    "predicted {} GiB on pipeline stage {} > {} GiB usable on {} {}; {fix}",
+                    gib1(m.peak_bytes),
+                    m.stage,
+                    gib1(usable),
+                    gpu_name(s),
+                    Self::breakdown(&m),
+                ),
+            )
+        } else if m.peak_bytes > soft {
+            let out = self.suggestions(s, &job.layout, soft, search_deadline);
+            let more = match out.suggestions.first() {
+                Some(sg) => format!(
+                    "; more room with {} ({} GiB)",
+                    sg.flags(),
+                    gib1(sg.peak_bytes)
+                ),
+                None => String::new(),
+            };
+            Verdict::allow(Reason::Headroom).warn(format!(
+                "primus: predicted {} GiB on pipeline stage {} is within {:.0}% of the {} GiB usable on {}: fragmentation or a longer sequence may OOM{more}",
+                gib1(m.peak_bytes),
+                m.stage,
+                (1.0 - self.settings.headroom) * 100.0,
+                gib1(usable),
+                gpu_name(s),
+            ))
+        } else {
+            Verdict::allow(Reason::Fits)
+        };
+        for n in &job.notes {
+            v = v.warn(one_line(&format!("primus: {n}")));
+        }
+        v.audit = audit;
+        v
+    }
+}
+
+/// On UPDATE: `Some(reason)` when the new object differs from the old one only in metadata,
+/// status or `spec.runPolicy.suspend` (queue managers flip it), so no projection is needed.
+pub fn unchanged_but_suspend(old: &Value, new: &Value) -> Option<Reason> {
+    let old_spec = old.get("spec");
+    let new_spec = new.get("spec");
+    if old_spec == new_spec {
+        return Some(Reason::MetadataOnly);
+    }
+    let strip = |spec: Option<&Value>| -> Option<Value> {
+        let mut spec = spec?.clone();
+        if let Some(rp) = spec.get_mut("runPolicy").and_then(Value::as_object_mut) {
+            rp.remove("suspend");
+            if rp.is_empty() {
+                spec.as_object_mut()?.remove("runPolicy");
+            }
+        }
+        Some(spec)
+    };
+    match (strip(old_spec), strip(new_spec)) {
+        (Some(a), Some(b)) if a == b => Some(Reason::SuspendOnly),
+        _ => None,
+    }
+}
