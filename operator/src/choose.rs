@@ -166,18 +166,25 @@ pub enum ChooseError {
     NoFeasibleLayout(String),
 }
 
+/// Round to `digits` decimals: the status (and `kubectl get`'s columns) show what a human can
+/// read, far finer than the model's accuracy.
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
 fn summary(c: &Candidate, calibrated: bool) -> LayoutSummary {
     let p = &c.projection;
     LayoutSummary {
         label: c.label.clone(),
         layout: c.layout.clone(),
         dp: p.dp,
-        tokens_per_second_per_gpu: p.tokens_per_second_per_gpu,
-        tflops_per_gpu: p.tflops_per_gpu,
-        mfu: p.mfu,
-        step_time_seconds: p.step_time_seconds,
-        peak_memory_bytes: p.memory.peak_bytes,
-        usable_memory_bytes: p.memory.usable_bytes,
+        tokens_per_second_per_gpu: round(p.tokens_per_second_per_gpu, 1),
+        tflops_per_gpu: round(p.tflops_per_gpu, 1),
+        mfu: round(p.mfu, 4),
+        step_time_seconds: round(p.step_time_seconds, 4),
+        peak_memory_bytes: p.memory.peak_bytes.round(),
+        usable_memory_bytes: p.memory.usable_bytes.round(),
         dominant: c.dominant.clone(),
         calibrated,
     }

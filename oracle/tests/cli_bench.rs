@@ -1,0 +1,104 @@
+//! `primus bench` and `primus report` from the command line, without a cluster: the simulate
+//! backend's JSON, the GPU backends' one-line refusal, and input errors (exit 2, naming the
+//! argument). Their cluster side (`--plan`, `--report-to`, `report`) runs in the operator's
+//! end-to-end tests against the test bed.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
+
+#[test]
+fn simulate_prints_results_marked_as_simulated() {
+    let out = Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "-f"])
+        .arg(example("llama3.1-8b-h100-benchmark.yaml"))
+        .env("NODE_NAME", "node-7")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["backend"], "simulate");
+    assert_eq!(r["node"], "node-7");
+    assert_eq!(r["gpu"], "h100-sxm");
+    assert_eq!(r["gpuCount"], 8);
+    assert_eq!(
+        r["shapesKey"],
+        "llama3.1-8b/tp2-cp1-ep1-etp1-sp1/seq8192-mbs1-bf16"
+    );
+    assert!(r["startedAt"].as_str().unwrap().ends_with('Z'));
+    assert!(!r["ops"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn output_file_and_moe_downscaling() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("r.json");
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "--simulate", "-f"])
+        .arg(example("mixtral-8x22b-mi355x.yaml"))
+        .arg("-o")
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::is_empty());
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(r["backend"], "simulate");
+    let reduced: Vec<String> = serde_json::from_value(r["reducedAxes"].clone()).unwrap();
+    assert!(reduced.iter().any(|a| a.starts_with("pp ")), "{reduced:?}");
+    assert!(
+        r["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["op"] == "all-to-all")
+    );
+}
+
+#[test]
+fn gpu_backends_refuse_with_one_line() {
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "--backend", "cuda", "-f"])
+        .arg(example("llama3.1-8b-h100-benchmark.yaml"))
+        .assert()
+        .code(1)
+        .stderr(
+            predicate::str::contains("cuda benchmark backend is not available")
+                .and(predicate::str::is_match("^[^\n]*\n$").unwrap()),
+        );
+}
+
+#[test]
+fn bad_input_names_the_argument() {
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["report", "--plan", "ns/p", "--tokens-per-second", "-5"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--tokens-per-second"));
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["report", "--plan", "Bad/Name", "--tokens-per-second", "5"])
+        .env("KUBECONFIG", "/nonexistent")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("error:"));
+    // Neither -f nor --plan.
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "--simulate"])
+        .assert()
+        .code(2);
+}
