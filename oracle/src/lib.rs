@@ -21,6 +21,7 @@ pub mod profiles;
 pub mod projection;
 pub mod report;
 pub mod schedule;
+pub mod tune;
 pub mod units;
 pub mod validate;
 

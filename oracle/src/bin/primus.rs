@@ -31,6 +31,9 @@ enum Command {
     Timeline(cli::timeline::Args),
     /// Report measured throughput of a running job to its TrainingPlan (`status.measured`).
     Report(cli::report::Args),
+    /// Search the plan's layouts (memory pre-filter, then projection) and report the best, or
+    /// print it as a PyTorchJob (`--emit pytorchjob`).
+    Tune(cli::tune::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Project(a) => cli::project::run(a),
         Command::Validate(a) => cli::validate::run(a),
         Command::Timeline(a) => cli::timeline::run(a),
+        Command::Tune(a) => cli::tune::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,6 +16,7 @@ pub mod profiles;
 pub mod project;
 pub mod report;
 pub mod timeline;
+pub mod tune;
 pub mod validate;
 
 /// Output format of the reporting subcommands.

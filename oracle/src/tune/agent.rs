@@ -1,0 +1,546 @@
+//! The LLM proposer, after the paper's tuning agent: the seed planner's sweeps first, then
+//! rounds in which a language model sees the best layouts so far, the rejection reasons and the
+//! legal values of every axis, and proposes cross-axis layouts as JSON. Every proposal is
+//! checked (inside the space, legal, fits in memory) before it is scored; replies that are not
+//! the JSON asked for are counted and skipped, failed requests too: the agent never crashes
+//! the run.
+//!
+//! The library defines the transport as a trait, [`Proposer`] (send a conversation, get the
+//! reply text), so the prompts and the parsing are plain functions. The one implementation that
+//! touches the network, [`ChatCompletions`] (OpenAI-compatible `POST {endpoint}/chat/completions`
+//! over reqwest), is behind the `agent` cargo feature.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::seed::{Scorer, SeedPlanner};
+use super::{Context, Outcome, Rejection, Scored, Searcher};
+use crate::layout::Layout;
+use crate::plan::SearcherKind;
+use crate::units::GIB;
+
+/// One message of a chat conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.to_string(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Why a request to the model failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// No reply within the timeout.
+    #[error("no reply within {0} s")]
+    Timeout(u64),
+    /// The connection or the HTTP exchange failed.
+    #[error("request failed: {0}")]
+    Transport(String),
+    /// The server answered, but not with a chat completion.
+    #[error("unexpected response: {0}")]
+    Protocol(String),
+}
+
+/// Sends a conversation to a language model and returns the reply text.
+pub trait Proposer {
+    fn complete(&mut self, messages: &[ChatMessage]) -> Result<String, ProposeError>;
+}
+
+/// The agent's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStats {
+    /// Proposal rounds run.
+    pub rounds: u32,
+    /// Requests sent.
+    pub requests: u32,
+    /// Requests that failed (timeout, connection, HTTP error, not a chat completion).
+    pub failed_requests: u32,
+    /// Replies without the JSON asked for.
+    pub malformed_replies: u32,
+    /// Layouts proposed.
+    pub proposals: u32,
+    /// Proposed entries that were not layouts (unknown fields, wrong types).
+    pub malformed_proposals: u32,
+    /// Proposals outside the search space (a pinned or disallowed value).
+    pub outside_space: u32,
+    /// Proposals already scored.
+    pub repeated: u32,
+    /// Proposals a legality rule rejected.
+    pub rejected_by_rules: u32,
+    /// Proposals the memory pre-filter rejected.
+    pub rejected_by_memory: u32,
+    /// Proposals scored.
+    pub scored: u32,
+    /// Proposals that became the best so far.
+    pub improvements: u32,
+}
+
+/// Parse a reply into proposals: the first JSON value in the text (code fences and prose
+/// around it are ignored), either `{"layouts": [...]}`, a bare list, or one layout object.
+/// Each entry is merged over `base` (fields it omits keep `base`'s values) and read as a
+/// [`Layout`]; an entry that is not one gives `Err` with the reason. `Err` for the whole reply
+/// when it holds no such JSON.
+pub fn parse_reply(reply: &str, base: &Layout) -> Result<Vec<Result<Layout, String>>, String> {
+    let value =
+        first_json(reply).ok_or_else(|| "no JSON object or list in the reply".to_string())?;
+    let entries: Vec<Value> = match value {
+        Value::Array(a) => a,
+        Value::Object(mut o) => {
+            let key = ["layouts", "proposals", "candidates"]
+                .into_iter()
+                .find(|k| o.contains_key(*k));
+            match key {
+                Some(k) => match o.remove(k) {
+                    Some(Value::Array(a)) => a,
+                    _ => return Err(format!("`{k}` is not a list")),
+                },
+                None if o.contains_key("tp") || o.contains_key("pp") => vec![Value::Object(o)],
+                None => return Err("expected {\"layouts\": [...]}".to_string()),
+            }
+        }
+        _ => return Err("expected {\"layouts\": [...]}".to_string()),
+    };
+    let base_json = serde_json::to_value(base).map_err(|e| e.to_string())?;
+    Ok(entries
+        .into_iter()
+        .map(|e| {
+            let Value::Object(fields) = e else {
+                return Err("a proposal is not an object".to_string());
+            };
+            let mut merged = base_json.clone();
+            let obj = merged
+                .as_object_mut()
+                .expect("a layout serializes to an object");
+            for (k, v) in fields {
+                obj.insert(k, v);
+            }
+            // Explicit nulls for optional fields that the base does not serialize.
+            obj.retain(|_, v| !v.is_null());
+            serde_json::from_value::<Layout>(merged).map_err(|e| e.to_string())
+        })
+        .collect())
+}
+
+/// The first complete JSON object or array in a text.
+fn first_json(text: &str) -> Option<Value> {
+    for (i, c) in text.char_indices() {
+        if c != '{' && c != '[' {
+            continue;
+        }
+        let mut stream = serde_json::Deserializer::from_str(&text[i..]).into_iter::<Value>();
+        if let Some(Ok(v)) = stream.next()
+            && (v.is_object() || v.is_array())
+        {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The instructions of the conversation.
+pub fn system_prompt(per_round: usize) -> String {
+    format!(
+        "You are an expert in distributed LLM training with Megatron-LM. You tune the parallel \
+layout of one training job. A projection oracle scores every layout you propose (tokens per \
+second per GPU) after checking Megatron's rules and per-GPU memory.\n\
+Propose up to {per_round} NEW layouts per turn that change SEVERAL axes at once (single-axis \
+changes were already swept). Reply with JSON only, no prose:\n\
+{{\"layouts\": [{{\"tp\": 8, \"pp\": 4, \"vpp\": 2, \"cp\": 1, \"ep\": 8, \"etp\": 1, \
+\"microBatchSize\": 1, \"recompute\": \"none\", \"recomputeLayers\": 0, \
+\"distributedOptimizer\": true, \"fsdp\": false, \"schedule\": \"interleaved\"}}]}}\n\
+Fields: tp, pp, vpp (model chunks per pipeline rank), cp, ep, etp, microBatchSize, recompute \
+(none | selective | full), recomputeLayers (with full: layers recomputed per chunk, 0 = all), \
+distributedOptimizer, fsdp, schedule (1f1b | interleaved | zero-bubble), firstStageLayers, \
+lastStageLayers (uneven pipeline splits). Omitted fields keep the best layout's value.\n\
+Rules: dp = gpus / (tp*pp*cp) must be whole; globalBatchSize divisible by microBatchSize*dp; \
+tp divides the attention and key/value heads; interleaved needs vpp > 1 and a number of \
+micro-batches that is a multiple of pp; 1f1b and zero-bubble need vpp = 1; ep divides the \
+experts and ep*etp divides gpus/pp; use only the allowed values listed."
+    )
+}
+
+fn gib(b: f64) -> f64 {
+    b / GIB
+}
+
+fn list<T: std::fmt::Debug>(v: &[T]) -> String {
+    format!("{v:?}")
+}
+
+/// The first user message: the job, the allowed values, the best layouts so far and why
+/// candidates were rejected.
+pub fn context_prompt(
+    ctx: &Context<'_>,
+    top: &[Scored],
+    rejections: &BTreeMap<String, u64>,
+) -> String {
+    let s = ctx.scenario;
+    let m = &s.model;
+    let sp = ctx.space;
+    let mut p = String::new();
+    let _ = writeln!(
+        p,
+        "Job: model {} ({} layers, hidden {}, {} attention heads, {} key/value heads{}), \
+{} x {} GPUs ({} per node, {:.0} GiB each, {:.1} GiB usable per GPU after headroom), \
+sequence {}, global batch {}, {}.",
+        if m.name.is_empty() {
+            "(inline card)"
+        } else {
+            &m.name
+        },
+        m.layers,
+        m.hidden_size,
+        m.attention_heads,
+        m.kv_heads(),
+        match &m.moe {
+            Some(e) => format!(", {} experts top-{}", e.num_experts, e.top_k),
+            None => String::new(),
+        },
+        s.cluster.gpus,
+        s.hardware.name,
+        s.cluster.gpus_per_node,
+        s.hardware.memory_gib,
+        gib(ctx.filter.limit_bytes),
+        s.training.seq_length,
+        s.training.global_batch_size,
+        s.training.precision.as_str(),
+    );
+    let _ = writeln!(
+        p,
+        "Allowed values: tp {}, pp {}, vpp {}, cp {}, ep {}, etp {}, microBatchSize {}, \
+recompute {}, schedule {}, optimizer sharding {}.",
+        list(&sp.tp),
+        list(&sp.pp),
+        sp.vpp
+            .as_ref()
+            .map_or("any that splits the layers".to_string(), |v| list(v)),
+        list(&sp.cp),
+        list(&sp.ep),
+        sp.etp
+            .as_ref()
+            .map_or("divisors of tp".to_string(), |v| list(v)),
+        list(&sp.micro_batch_size),
+        list(&sp.recompute.iter().map(|r| r.as_str()).collect::<Vec<_>>()),
+        list(&sp.schedule.iter().map(|x| x.as_str()).collect::<Vec<_>>()),
+        list(&sp.sharding),
+    );
+    p.push_str(&results_table(top));
+    if !rejections.is_empty() {
+        p.push_str("Candidates rejected so far, by reason:\n");
+        for (k, v) in rejections {
+            let _ = writeln!(p, "- {k}: {v}");
+        }
+    }
+    p
+}
+
+/// The best layouts as lines of text.
+fn results_table(top: &[Scored]) -> String {
+    let mut p = String::from("Best layouts so far (tokens/s/GPU, MFU, step breakdown):\n");
+    for (i, c) in top.iter().enumerate() {
+        let b = &c.time.breakdown;
+        let _ = writeln!(
+            p,
+            "{}. {} -> {:.0} tok/s/GPU, MFU {:.1}%, compute {:.2} s, bubble {:.2} s, exposed comm {:.2} s (largest {}), json {}",
+            i + 1,
+            c.layout.label(),
+            c.tokens_per_second(),
+            c.time.mfu * 100.0,
+            b.compute,
+            b.bubble,
+            b.exposed_comm(),
+            b.largest_comm().0,
+            serde_json::to_string(&compact(&c.layout)).unwrap_or_default(),
+        );
+    }
+    p
+}
+
+/// The searched fields of a layout, for the prompt.
+fn compact(l: &Layout) -> Value {
+    let mut v = serde_json::json!({
+        "tp": l.tp, "pp": l.pp, "vpp": l.vpp, "cp": l.cp, "ep": l.ep, "etp": l.etp,
+        "microBatchSize": l.micro_batch_size, "recompute": l.recompute.as_str(),
+        "recomputeLayers": l.recompute_layers, "distributedOptimizer": l.distributed_optimizer,
+        "fsdp": l.fsdp, "schedule": l.schedule.as_str(),
+    });
+    if let Some(f) = l.first_stage_layers {
+        v["firstStageLayers"] = f.into();
+    }
+    if let Some(f) = l.last_stage_layers {
+        v["lastStageLayers"] = f.into();
+    }
+    v
+}
+
+/// The agent searcher: seed sweeps, then `rounds` of proposals.
+pub struct AgentSearcher {
+    proposer: Box<dyn Proposer>,
+    /// Proposal rounds.
+    pub rounds: u32,
+    /// Proposals read per reply at most.
+    pub per_round: usize,
+    /// Stop after this many failed requests in a row.
+    pub max_consecutive_failures: u32,
+}
+
+impl AgentSearcher {
+    pub fn new(proposer: Box<dyn Proposer>, rounds: u32) -> AgentSearcher {
+        AgentSearcher {
+            proposer,
+            rounds,
+            per_round: 8,
+            max_consecutive_failures: 2,
+        }
+    }
+}
+
+impl Searcher for AgentSearcher {
+    fn kind(&self) -> SearcherKind {
+        SearcherKind::Agent
+    }
+
+    fn search(&mut self, ctx: &Context<'_>) -> Outcome {
+        let mut scorer = Scorer::new(ctx.top_k.max(5));
+        let mut stats = AgentStats::default();
+        if let Some(start) = SeedPlanner::baseline(ctx, &mut scorer) {
+            SeedPlanner::default().sweep(ctx, &mut scorer, start);
+        }
+        let mut rejections: BTreeMap<String, u64> = scorer.stats.rules.clone();
+        for (k, v) in &scorer.stats.memory {
+            rejections.insert(format!("memory: {k}"), *v);
+        }
+        let mut messages = vec![
+            ChatMessage::new("system", system_prompt(self.per_round)),
+            ChatMessage::new(
+                "user",
+                context_prompt(ctx, scorer.top.as_slice(), &rejections),
+            ),
+        ];
+        let mut failures = 0;
+        for _ in 0..self.rounds {
+            stats.rounds += 1;
+            stats.requests += 1;
+            let reply = match self.proposer.complete(&messages) {
+                Ok(r) => {
+                    failures = 0;
+                    r
+                }
+                Err(_) => {
+                    stats.failed_requests += 1;
+                    failures += 1;
+                    if failures >= self.max_consecutive_failures {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let Some(base) = scorer
+                .top
+                .best()
+                .map(|c| c.layout.clone())
+                .or_else(|| ctx.reference.cloned())
+            else {
+                break;
+            };
+            messages.push(ChatMessage::new("assistant", reply.clone()));
+            let proposals = match parse_reply(&reply, &base) {
+                Ok(p) => p,
+                Err(why) => {
+                    stats.malformed_replies += 1;
+                    messages.push(ChatMessage::new(
+                        "user",
+                        format!(
+                            "Your reply could not be used ({why}). Reply with JSON only: {{\"layouts\": [...]}}."
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            let mut feedback = String::from("Results of your proposals:\n");
+            for p in proposals.into_iter().take(self.per_round) {
+                stats.proposals += 1;
+                let l = match p {
+                    Ok(l) => l,
+                    Err(why) => {
+                        stats.malformed_proposals += 1;
+                        let _ = writeln!(feedback, "- not a layout: {why}");
+                        continue;
+                    }
+                };
+                let line = self.try_proposal(ctx, &mut scorer, &mut stats, &l);
+                let _ = writeln!(feedback, "- {}: {line}", l.label());
+            }
+            feedback.push_str(&results_table(scorer.top.as_slice()));
+            feedback.push_str("Propose new layouts that may beat the best one.");
+            messages.push(ChatMessage::new("user", feedback));
+        }
+        Outcome {
+            top: scorer.top.into_vec(),
+            stats: scorer.stats,
+            agent: Some(stats),
+        }
+    }
+}
+
+impl AgentSearcher {
+    /// Check and score one proposal; the line of feedback for the model.
+    fn try_proposal(
+        &self,
+        ctx: &Context<'_>,
+        scorer: &mut Scorer,
+        stats: &mut AgentStats,
+        l: &Layout,
+    ) -> String {
+        let s = ctx.scenario;
+        let Some(n) = ctx.space.normalize(s, l) else {
+            stats.outside_space += 1;
+            return "outside the allowed values (pinned or not allowed)".into();
+        };
+        if let Err(r) = ctx.filter.check(s, &n) {
+            match &r {
+                Rejection::Rule(_) => stats.rejected_by_rules += 1,
+                Rejection::Memory { .. } => stats.rejected_by_memory += 1,
+            }
+            // Count it as the pre-filter would.
+            scorer.stats.reject(s, &n, &r, 1);
+            return format!("rejected, {r}");
+        }
+        let before = scorer.top.best().map(|c| c.tokens_per_second());
+        let unique = scorer.unique();
+        match scorer.score(ctx, &n) {
+            Some(c) => {
+                if scorer.unique() == unique {
+                    stats.repeated += 1;
+                } else {
+                    stats.scored += 1;
+                }
+                if before.is_none_or(|b| c.tokens_per_second() > b) {
+                    stats.improvements += 1;
+                }
+                format!(
+                    "{:.0} tok/s/GPU, MFU {:.1}%",
+                    c.tokens_per_second(),
+                    c.time.mfu * 100.0
+                )
+            }
+            None => "rejected after recompute resolution".into(),
+        }
+    }
+}
+
+#[cfg(feature = "agent")]
+pub use http::ChatCompletions;
+
+#[cfg(feature = "agent")]
+mod http {
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+
+    use super::{ChatMessage, ProposeError, Proposer};
+
+    /// An OpenAI-compatible chat-completions endpoint (`POST {endpoint}/chat/completions`),
+    /// e.g. vLLM, SGLang, llama.cpp's server, or a hosted API.
+    pub struct ChatCompletions {
+        client: reqwest::Client,
+        runtime: tokio::runtime::Runtime,
+        url: String,
+        model: String,
+        api_key: Option<String>,
+        timeout: Duration,
+    }
+
+    impl ChatCompletions {
+        /// `endpoint` is the API base (`http://host:8000/v1`) or the full
+        /// `.../chat/completions` URL.
+        pub fn new(
+            endpoint: &str,
+            model: &str,
+            api_key: Option<String>,
+            timeout: Duration,
+        ) -> Result<ChatCompletions, ProposeError> {
+            // reqwest is built without a default TLS crypto provider: install ring's (a no-op
+            // when one is installed already).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(|e| ProposeError::Transport(e.to_string()))?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| ProposeError::Transport(e.to_string()))?;
+            let base = endpoint.trim_end_matches('/');
+            let url = if base.ends_with("/chat/completions") {
+                base.to_string()
+            } else {
+                format!("{base}/chat/completions")
+            };
+            Ok(ChatCompletions {
+                client,
+                runtime,
+                url,
+                model: model.to_string(),
+                api_key,
+                timeout,
+            })
+        }
+    }
+
+    impl Proposer for ChatCompletions {
+        fn complete(&mut self, messages: &[ChatMessage]) -> Result<String, ProposeError> {
+            let body = json!({
+                "model": self.model,
+                "messages": messages,
+                "temperature": 0,
+            });
+            let secs = self.timeout.as_secs();
+            let mut req = self.client.post(&self.url).json(&body);
+            if let Some(key) = &self.api_key {
+                req = req.bearer_auth(key);
+            }
+            let transport = |e: reqwest::Error| {
+                if e.is_timeout() {
+                    ProposeError::Timeout(secs)
+                } else {
+                    ProposeError::Transport(e.to_string())
+                }
+            };
+            let timeout = self.timeout;
+            let result = self.runtime.block_on(async {
+                tokio::time::timeout(timeout, async {
+                    let resp = req.send().await.map_err(transport)?;
+                    let status = resp.status();
+                    let text = resp.text().await.map_err(transport)?;
+                    Ok::<_, ProposeError>((status, text))
+                })
+                .await
+            });
+            let (status, text) = result.map_err(|_| ProposeError::Timeout(secs))??;
+            if !status.is_success() {
+                let head: String = text.chars().take(200).collect();
+                return Err(ProposeError::Transport(format!("HTTP {status}: {head}")));
+            }
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| ProposeError::Protocol(format!("not JSON: {e}")))?;
+            v.pointer("/choices/0/message/content")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| ProposeError::Protocol("no choices[0].message.content".into()))
+        }
+    }
+}

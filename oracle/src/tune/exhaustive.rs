@@ -1,0 +1,297 @@
+//! Exhaustive search: every layout of the space, one task per structure (the layout less its
+//! micro-batch size and recomputation) spread over all cores with rayon.
+//!
+//! Safe pruning (on by default; [`Exhaustive::prune`]) skips only candidates that provably
+//! cannot beat one the search keeps, given two properties of the model that hold by
+//! construction (and that the tests check against the unpruned search):
+//! - memory grows with the micro-batch size and shrinks with more recomputation: once the
+//!   most memory-saving recompute choice fails at a micro-batch size, every larger size fails;
+//!   the fewest full-recompute layers that fit are found by bisection;
+//! - recomputation only adds time: when nothing is recomputed and the layout fits, the
+//!   recomputing variants are slower; among full-recompute layer counts the fewest that fit is
+//!   the fastest;
+//! - branch and bound: [`ThroughputBound`] bounds the throughput of every layout sharing a
+//!   compute key from above, whatever its pipeline and sharding; a micro-batch size whose bound
+//!   is below the k-th best known is skipped. The k-th best known starts from the seed
+//!   planner's answer (run first, deterministic) and rises with what each task finds itself,
+//!   so the bound, and the counters, do not depend on thread timing.
+//!
+//! The top list holds the best layouts that are not dominated: a layout is left out when the
+//! same layout with less recomputation fits (it is slower by construction): nothing recomputed
+//! when that fits, else selective and the fewest full-recompute layers that fit. The unpruned
+//! search examines everything and reports the same way.
+//!
+//! The result does not depend on the number of threads: every task is deterministic and the
+//! top list is merged under a total order.
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+
+use super::bound::ThroughputBound;
+use super::seed::SeedPlanner;
+use super::space::{RecomputeChoice, Structure};
+use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
+use crate::layout::Recompute;
+use crate::plan::SearcherKind;
+
+/// The exhaustive searcher.
+#[derive(Debug, Clone, Copy)]
+pub struct Exhaustive {
+    /// Skip candidates that provably cannot win (see the module documentation).
+    pub prune: bool,
+}
+
+impl Default for Exhaustive {
+    fn default() -> Self {
+        Exhaustive { prune: true }
+    }
+}
+
+/// Relative slack on the bound, for rounding between two projections.
+const BOUND_MARGIN: f64 = 1e-9;
+
+struct Task {
+    top: TopK,
+    stats: Stats,
+}
+
+impl Task {
+    fn merge(mut self, o: Task) -> Task {
+        self.stats.merge(&o.stats);
+        self.top = self.top.merge(o.top);
+        self
+    }
+}
+
+impl Exhaustive {
+    /// Project a layout that passed the pre-filter.
+    fn project(ctx: &Context<'_>, l: crate::layout::Layout, task: &mut Task) -> Option<Scored> {
+        match ctx.step_time(&l) {
+            Ok(time) => {
+                task.stats.evaluated += 1;
+                ctx.progress.add(1, 1);
+                ctx.progress.offer_best(time.tokens_per_second_per_gpu);
+                Some(Scored { layout: l, time })
+            }
+            Err(e) => {
+                // The rules passed before; a projection-time rule still counts as a rule.
+                task.stats
+                    .reject(ctx.scenario, &l, &super::Rejection::Rule(e), 1);
+                ctx.progress.add(1, 0);
+                None
+            }
+        }
+    }
+
+    /// Memory, then time, of one legal layout.
+    fn try_layout(ctx: &Context<'_>, l: crate::layout::Layout, task: &mut Task) -> Option<Scored> {
+        match ctx.filter.memory(ctx.scenario, &l) {
+            Ok(()) => Self::project(ctx, l, task),
+            Err(r) => {
+                task.stats.reject(ctx.scenario, &l, &r, 1);
+                ctx.progress.add(1, 0);
+                None
+            }
+        }
+    }
+
+    /// One task: structures that share the pipeline shape and the data-parallel size, so at a
+    /// given micro-batch size they share the number of micro-batches and the schedule
+    /// simulator's cached pass order serves them all. Micro-batch sizes outside, structures
+    /// inside.
+    fn run_group(
+        &self,
+        ctx: &Context<'_>,
+        group: &[Structure],
+        known: f64,
+        bound: &ThroughputBound,
+    ) -> Task {
+        let space = ctx.space;
+        let mut task = Task {
+            top: TopK::new(ctx.top_k),
+            stats: Stats::default(),
+        };
+        let choices: Vec<Vec<RecomputeChoice>> =
+            group.iter().map(|st| space.recompute_choices(st)).collect();
+        // A structure is done once a micro-batch size fails memory with every choice.
+        let mut done: Vec<bool> = choices.iter().map(Vec::is_empty).collect();
+        let mbs_list = &space.micro_batch_size;
+        for (i, &mbs) in mbs_list.iter().enumerate() {
+            for (j, st) in group.iter().enumerate() {
+                if done[j] {
+                    continue;
+                }
+                let fits = self.run_one(ctx, st, &choices[j], mbs, known, bound, &mut task);
+                if !fits {
+                    // The most memory-saving choice failed: every larger micro-batch fails.
+                    let rest = (mbs_list.len() - i - 1) as u64;
+                    task.stats.pruned += rest * choices[j].len() as u64;
+                    done[j] = true;
+                }
+            }
+        }
+        task
+    }
+
+    /// One structure at one micro-batch size; false when pruning found that nothing of this
+    /// micro-batch size fits (so no larger one does).
+    #[allow(clippy::too_many_arguments)]
+    fn run_one(
+        &self,
+        ctx: &Context<'_>,
+        st: &Structure,
+        choices: &[RecomputeChoice],
+        mbs: u32,
+        known: f64,
+        bound: &ThroughputBound,
+        task: &mut Task,
+    ) -> bool {
+        let space = ctx.space;
+        let s = ctx.scenario;
+        let family = choices.len() as u64;
+        if self.prune {
+            // Branch and bound: nothing recomputed is the least work of the family.
+            let threshold = match task.top.as_slice() {
+                t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
+                _ => known,
+            };
+            let none = RecomputeChoice {
+                recompute: Recompute::None,
+                layers: 0,
+            };
+            if threshold > 0.0
+                && let Some(ub) = bound.upper(ctx, &space.layout(st, mbs, none))
+                && ub * (1.0 + BOUND_MARGIN) < threshold
+            {
+                task.stats.pruned += family;
+                return true;
+            }
+        }
+        // The rules do not depend on the recompute choice (the layer counts are generated
+        // within the chunks), so one check speaks for the whole family.
+        let first = space.layout(st, mbs, choices[0]);
+        if let Err(r) = ctx.filter.rules(s, &first) {
+            task.stats.reject(s, &first, &r, family);
+            ctx.progress.add(family, 0);
+            return true;
+        }
+        if !self.prune {
+            // Examine everything; report what the pruned search reports (the layouts that no
+            // less-recomputing variant of the same layout beats).
+            let mut none = None;
+            let mut selective = None;
+            let mut full = None;
+            for &rc in choices {
+                let r = Self::try_layout(ctx, space.layout(st, mbs, rc), task);
+                match rc.recompute {
+                    Recompute::None => none = r,
+                    Recompute::Selective => selective = r,
+                    Recompute::Full => {
+                        if full.is_none() {
+                            full = r;
+                        }
+                    }
+                }
+            }
+            match none {
+                Some(c) => task.top.push(c),
+                None => {
+                    selective
+                        .into_iter()
+                        .chain(full)
+                        .for_each(|c| task.top.push(c));
+                }
+            }
+            return true;
+        }
+        // Nothing recomputed: when it fits, every recomputing variant is slower.
+        if space.recompute.contains(&Recompute::None)
+            && let Some(c) = Self::try_layout(ctx, first, task)
+        {
+            task.top.push(c);
+            task.stats.pruned += family - 1;
+            return true;
+        }
+        let mut any_fit = false;
+        if space.recompute.contains(&Recompute::Selective) {
+            let rc = RecomputeChoice {
+                recompute: Recompute::Selective,
+                layers: 0,
+            };
+            if let Some(c) = Self::try_layout(ctx, space.layout(st, mbs, rc), task) {
+                task.top.push(c);
+                any_fit = true;
+            }
+        }
+        if space.recompute.contains(&Recompute::Full) {
+            let counts = space.full_recompute_counts(st);
+            let with = |k: u32| {
+                space.layout(
+                    st,
+                    mbs,
+                    RecomputeChoice {
+                        recompute: Recompute::Full,
+                        layers: k,
+                    },
+                )
+            };
+            if let Some(idx) = least_fitting(ctx, &counts, with, &mut task.stats) {
+                any_fit = true;
+                if let Some(c) = Self::project(ctx, with(counts[idx]), task) {
+                    task.top.push(c);
+                }
+            }
+        }
+        any_fit
+    }
+}
+
+/// Structures grouped by pipeline shape and data-parallel size, in a stable order.
+fn groups(structures: Vec<Structure>) -> Vec<Vec<Structure>> {
+    let mut map: BTreeMap<_, Vec<Structure>> = BTreeMap::new();
+    for st in structures {
+        let key = (st.pp, st.vpp, st.schedule, st.tp * st.cp, st.split);
+        map.entry(key).or_default().push(st);
+    }
+    map.into_values().collect()
+}
+
+impl Searcher for Exhaustive {
+    fn kind(&self) -> SearcherKind {
+        SearcherKind::Exhaustive
+    }
+
+    fn search(&mut self, ctx: &Context<'_>) -> Outcome {
+        // The seed planner's k-th best is the first bar the bound must clear.
+        let known = if self.prune {
+            let warm = non_dominated(ctx, SeedPlanner::default().search(ctx).top);
+            match warm.get(ctx.top_k.max(1) - 1) {
+                Some(c) => c.tokens_per_second(),
+                None => 0.0,
+            }
+        } else {
+            0.0
+        };
+        let bound = ThroughputBound::new();
+        let groups = groups(ctx.space.structures(ctx.scenario));
+        ctx.progress.set_total(groups.len() as u64);
+        let empty = || Task {
+            top: TopK::new(ctx.top_k),
+            stats: Stats::default(),
+        };
+        let task = groups
+            .par_iter()
+            .map(|g| {
+                let t = self.run_group(ctx, g, known, &bound);
+                ctx.progress.step(1);
+                t
+            })
+            .reduce(empty, Task::merge);
+        Outcome {
+            top: task.top.into_vec(),
+            stats: task.stats,
+            agent: None,
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The checks a candidate passes before any time projection: Megatron's legality rules
+//! ([`Layout::check`]) and the analytic memory estimate against the usable memory times
+//! `spec.tuning.memoryHeadroom`. Every rejection is counted by its reason: the rule's id, or
+//! for memory the pipeline stage that overflows and what dominates it there.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::layout::{Layout, LayoutError};
+use crate::memory;
+use crate::plan::Scenario;
+
+/// Why a candidate was dropped before projection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rejection {
+    /// A legality rule failed.
+    Rule(LayoutError),
+    /// The bottleneck stage needs more than the usable memory times the headroom.
+    Memory {
+        peak_bytes: f64,
+        limit_bytes: f64,
+        stage: u32,
+    },
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::Rule(e) => write!(f, "rule {}: {e}", e.rule),
+            Rejection::Memory {
+                peak_bytes,
+                limit_bytes,
+                stage,
+            } => write!(
+                f,
+                "memory: pipeline stage {stage} needs {:.1} GiB, {:.1} GiB usable",
+                peak_bytes / crate::units::GIB,
+                limit_bytes / crate::units::GIB
+            ),
+        }
+    }
+}
+
+/// The pre-filter of one scenario.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prefilter {
+    /// Usable fraction of the profile's usable memory.
+    pub headroom: f64,
+    /// `headroom * usable bytes`.
+    pub limit_bytes: f64,
+}
+
+impl Prefilter {
+    pub fn new(s: &Scenario, headroom: f64) -> Prefilter {
+        Prefilter {
+            headroom,
+            limit_bytes: headroom * s.hardware.usable_bytes(),
+        }
+    }
+
+    /// The legality rules alone.
+    pub fn rules(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
+        l.check(s).map_err(Rejection::Rule)
+    }
+
+    /// The memory check alone (the layout is assumed legal): no allocation.
+    pub fn memory(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
+        let (peak, stage) = memory::peak_bytes(s, l);
+        if peak <= self.limit_bytes {
+            Ok(())
+        } else {
+            Err(Rejection::Memory {
+                peak_bytes: peak,
+                limit_bytes: self.limit_bytes,
+                stage,
+            })
+        }
+    }
+
+    /// Rules, then memory.
+    pub fn check(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
+        self.rules(s, l)?;
+        self.memory(s, l)
+    }
+}
+
+/// What dominates an overflowing stage.
+fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
+    let pp = l.pp.max(1);
+    let position = if pp == 1 {
+        0
+    } else if stage == 0 {
+        1
+    } else if stage == pp - 1 {
+        2
+    } else {
+        3
+    };
+    let report = memory::estimate(s, l);
+    let st = report
+        .stages
+        .iter()
+        .find(|x| x.stage == stage)
+        .or(report.stages.first());
+    let states = st.map_or(0.0, |x| {
+        x.weights_bytes + x.gradients_bytes + x.optimizer_bytes
+    });
+    let activations = st.map_or(0.0, |x| x.activations_bytes);
+    let other = st.map_or(0.0, |x| x.other_bytes);
+    let what = if states >= activations && states >= other {
+        0
+    } else if activations >= other {
+        1
+    } else {
+        2
+    };
+    const NAMES: [[&str; 3]; 4] = [
+        [
+            "model states (no pipeline)",
+            "activations (no pipeline)",
+            "buffers (no pipeline)",
+        ],
+        [
+            "model states (first stage)",
+            "activations (first stage)",
+            "buffers (first stage)",
+        ],
+        [
+            "model states (last stage)",
+            "activations (last stage)",
+            "buffers (last stage)",
+        ],
+        [
+            "model states (middle stage)",
+            "activations (middle stage)",
+            "buffers (middle stage)",
+        ],
+    ];
+    NAMES[position][what]
+}
+
+/// Counts of rejections by reason, and the other counters of a search.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    /// Candidates whose step time was projected.
+    pub evaluated: u64,
+    /// Candidates a legality rule rejected.
+    pub rejected_by_rules: u64,
+    /// Candidates the memory pre-filter rejected.
+    pub rejected_by_memory: u64,
+    /// Candidates skipped unexamined because a safe bound rules them out (more memory than
+    /// one that already failed, or slower than one that fits).
+    pub pruned: u64,
+    /// Rule id -> candidates it rejected.
+    pub rules: BTreeMap<String, u64>,
+    /// Memory reason (what dominates which stage) -> candidates.
+    pub memory: BTreeMap<String, u64>,
+}
+
+impl Stats {
+    /// Count one rejection (`count` identical candidates).
+    pub fn reject(&mut self, s: &Scenario, l: &Layout, r: &Rejection, count: u64) {
+        match r {
+            Rejection::Rule(e) => {
+                self.rejected_by_rules += count;
+                *self.rules.entry(e.rule.to_string()).or_default() += count;
+            }
+            Rejection::Memory { stage, .. } => {
+                self.rejected_by_memory += count;
+                *self
+                    .memory
+                    .entry(memory_reason(s, l, *stage).to_string())
+                    .or_default() += count;
+            }
+        }
+    }
+
+    /// Add another search's counters.
+    pub fn merge(&mut self, o: &Stats) {
+        self.evaluated += o.evaluated;
+        self.rejected_by_rules += o.rejected_by_rules;
+        self.rejected_by_memory += o.rejected_by_memory;
+        self.pruned += o.pruned;
+        for (k, v) in &o.rules {
+            *self.rules.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.memory {
+            *self.memory.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    /// Candidates examined (projected or rejected).
+    pub fn examined(&self) -> u64 {
+        self.evaluated + self.rejected_by_rules + self.rejected_by_memory
+    }
+}

@@ -1,0 +1,156 @@
+//! What a tune reports (DESIGN.md section 4): `{best, top[], evaluated, rejectedByMemory,
+//! rejectedByRules, reference?, gainOverReference?, searcher, seconds}`, where `best` and each
+//! entry of `top` hold `layout` (the fields of `spec.parallelism`) and `projection` (the
+//! object `primus project -o json` prints). Extra fields: `label` and `dominant` per entry,
+//! `pruned`, `rejections` (counts by reason), `candidatesPerSecond`, `memoryHeadroom`, and the
+//! agent's counters.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::layout::Layout;
+use crate::plan::SearcherKind;
+use crate::projection::Projection;
+use crate::tune::Stats;
+use crate::tune::agent::AgentStats;
+
+/// One reported layout.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    /// The layout, with the field names of `spec.parallelism`.
+    pub layout: Layout,
+    /// Its full projection.
+    pub projection: Projection,
+    /// One-line label, e.g. `TP4 PP8 VPP5 MBS1 interleaved`.
+    pub label: String,
+    /// What dominates the step: `compute`, `bubble`, `communication (ep)`, ...
+    pub dominant: String,
+}
+
+impl Candidate {
+    pub fn new(layout: Layout, projection: Projection) -> Candidate {
+        let b = &projection.breakdown;
+        let dominant = match projection.dominant {
+            crate::projection::Dominant::Communication => {
+                format!("communication ({})", b.largest_comm().0)
+            }
+            d => d.as_str().to_string(),
+        };
+        Candidate {
+            label: layout.label(),
+            layout,
+            projection,
+            dominant,
+        }
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        self.projection.tokens_per_second_per_gpu
+    }
+}
+
+/// The reference layout (`spec.parallelism`) as projected.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reference {
+    #[serde(flatten)]
+    pub candidate: Candidate,
+    /// Whether it passes the memory pre-filter at the plan's headroom.
+    pub fits_with_headroom: bool,
+}
+
+/// Rejection counts by reason.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejections {
+    /// Legality rule id -> candidates.
+    pub rules: BTreeMap<String, u64>,
+    /// What overflows where -> candidates.
+    pub memory: BTreeMap<String, u64>,
+}
+
+/// The result of a tune.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TuneResult {
+    /// The best layout found; `null` when no candidate is legal and fits.
+    pub best: Option<Candidate>,
+    /// The best layouts, best first.
+    pub top: Vec<Candidate>,
+    /// Candidates whose step time was projected.
+    pub evaluated: u64,
+    /// Candidates the memory pre-filter rejected.
+    pub rejected_by_memory: u64,
+    /// Candidates a legality rule rejected.
+    pub rejected_by_rules: u64,
+    /// Candidates skipped by safe pruning (never better than one examined).
+    pub pruned: u64,
+    /// Rejections by reason.
+    pub rejections: Rejections,
+    /// The reference layout (`spec.parallelism`), when the plan gives one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Reference>,
+    /// best / reference tokens/s per GPU - 1 (0.27 = 27% faster), when both exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gain_over_reference: Option<f64>,
+    /// The searcher that ran.
+    pub searcher: SearcherKind,
+    /// Wall time of the tune, seconds.
+    pub seconds: f64,
+    /// Candidates examined (projected or rejected) per second.
+    pub candidates_per_second: f64,
+    /// The usable fraction of memory the pre-filter applied.
+    pub memory_headroom: f64,
+    /// The agent's counters (searcher `agent`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentStats>,
+}
+
+impl TuneResult {
+    pub(crate) fn assemble(
+        searcher: SearcherKind,
+        top: Vec<Candidate>,
+        stats: Stats,
+        reference: Option<(Candidate, bool)>,
+        agent: Option<AgentStats>,
+        memory_headroom: f64,
+        seconds: f64,
+    ) -> TuneResult {
+        let best = top.first().cloned();
+        let gain_over_reference = match (&best, &reference) {
+            (Some(b), Some((r, _))) if r.tokens_per_second() > 0.0 => {
+                Some(b.tokens_per_second() / r.tokens_per_second() - 1.0)
+            }
+            _ => None,
+        };
+        let examined = stats.examined();
+        TuneResult {
+            best,
+            top,
+            evaluated: stats.evaluated,
+            rejected_by_memory: stats.rejected_by_memory,
+            rejected_by_rules: stats.rejected_by_rules,
+            pruned: stats.pruned,
+            rejections: Rejections {
+                rules: stats.rules,
+                memory: stats.memory,
+            },
+            reference: reference.map(|(candidate, fits_with_headroom)| Reference {
+                candidate,
+                fits_with_headroom,
+            }),
+            gain_over_reference,
+            searcher,
+            seconds,
+            candidates_per_second: if seconds > 0.0 {
+                examined as f64 / seconds
+            } else {
+                0.0
+            },
+            memory_headroom,
+            agent,
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The seed planner, after the paper's deterministic planner: start from a baseline and sweep
+//! one axis at a time (every value of that axis, the others held), move to the best layout
+//! found, and repeat the sweeps until a full round improves nothing.
+//!
+//! The baseline is the plan's reference layout when it lies in the space, is legal and fits;
+//! otherwise the first layout that is legal and fits in a fixed order of simplicity: the
+//! distributed optimizer before FSDP, the shortest pipeline, the smallest tensor- and
+//! context-parallel groups, the widest expert parallelism, the smallest micro-batch, the least
+//! recomputation. A variant that does not fit is retried with more recomputation (selective,
+//! then full with the fewest layers that fit). Every layout it scores is a member of the space,
+//! so it never beats the exhaustive search.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::HashMap;
+
+use super::space::{RecomputeChoice, Space, splits};
+use super::{Context, Outcome, Scored, Searcher, Stats, TopK, rank_cmp};
+use crate::layout::{Layout, Recompute};
+use crate::plan::SearcherKind;
+
+/// The axes swept, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Axis {
+    Tp,
+    Pp,
+    Vpp,
+    Schedule,
+    Split,
+    Cp,
+    Ep,
+    Etp,
+    MicroBatch,
+    Recompute,
+    Sharding,
+}
+
+impl Axis {
+    pub const ALL: [Axis; 11] = [
+        Axis::Tp,
+        Axis::Pp,
+        Axis::Vpp,
+        Axis::Schedule,
+        Axis::Split,
+        Axis::Cp,
+        Axis::Ep,
+        Axis::Etp,
+        Axis::MicroBatch,
+        Axis::Recompute,
+        Axis::Sharding,
+    ];
+}
+
+/// Scores layouts once each: normalizes them into the space, resolves full recompute to the
+/// fewest layers that fit, and keeps the best.
+pub(crate) struct Scorer {
+    cache: HashMap<Layout, Option<Scored>>,
+    pub stats: Stats,
+    pub top: TopK,
+}
+
+impl Scorer {
+    pub fn new(top_k: usize) -> Scorer {
+        Scorer {
+            cache: HashMap::new(),
+            stats: Stats::default(),
+            // Room for the dominated variants the report leaves out.
+            top: TopK::new(top_k * 3),
+        }
+    }
+
+    /// Distinct layouts scored (or rejected) so far.
+    pub fn unique(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Score a layout (already in the space, or repairable into it).
+    pub fn score(&mut self, ctx: &Context<'_>, l: &Layout) -> Option<Scored> {
+        let l = ctx.space.normalize(ctx.scenario, l)?;
+        if let Some(hit) = self.cache.get(&l) {
+            return hit.clone();
+        }
+        let resolved = ctx.fewest_recomputed(&l, &mut self.stats);
+        let scored = match resolved {
+            None => None,
+            Some(r) => match self.cache.get(&r) {
+                Some(hit) => hit.clone(),
+                None => {
+                    let v = ctx.evaluate(&r, &mut self.stats).ok();
+                    if let Some(c) = &v {
+                        self.top.push(c.clone());
+                    }
+                    self.cache.insert(r, v.clone());
+                    v
+                }
+            },
+        };
+        self.cache.insert(l, scored.clone());
+        scored
+    }
+}
+
+/// The seed planner.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedPlanner {
+    /// Sweep rounds at most (each round sweeps every axis once).
+    pub max_rounds: u32,
+}
+
+impl Default for SeedPlanner {
+    fn default() -> Self {
+        SeedPlanner { max_rounds: 10 }
+    }
+}
+
+/// Layouts that differ from `l` in one axis.
+pub fn variants(ctx: &Context<'_>, l: &Layout, axis: Axis) -> Vec<Layout> {
+    let sp = ctx.space;
+    let s = ctx.scenario;
+    let moe = s.model.moe.is_some();
+    let with = |f: &dyn Fn(&mut Layout)| {
+        let mut x = l.clone();
+        f(&mut x);
+        x
+    };
+    match axis {
+        Axis::Tp => sp.tp.iter().map(|&v| with(&|x| x.tp = v)).collect(),
+        Axis::Pp => sp.pp.iter().map(|&v| with(&|x| x.pp = v)).collect(),
+        Axis::Vpp => sp
+            .vpp_values(l.pp)
+            .into_iter()
+            .map(|v| with(&|x| x.vpp = v))
+            .collect(),
+        Axis::Schedule => sp
+            .schedule_values(l.pp, l.vpp)
+            .into_iter()
+            .map(|v| with(&|x| x.schedule = v))
+            .collect(),
+        Axis::Split => splits(s.model.layers, l.pp, l.vpp)
+            .into_iter()
+            .map(|(f, last)| {
+                with(&|x| {
+                    x.first_stage_layers = f;
+                    x.last_stage_layers = last;
+                })
+            })
+            .collect(),
+        Axis::Cp => sp.cp.iter().map(|&v| with(&|x| x.cp = v)).collect(),
+        Axis::Ep => sp.ep.iter().map(|&v| with(&|x| x.ep = v)).collect(),
+        Axis::Etp => sp
+            .etp_values(l.tp, moe)
+            .into_iter()
+            .map(|v| with(&|x| x.etp = v))
+            .collect(),
+        Axis::MicroBatch => sp
+            .micro_batch_size
+            .iter()
+            .map(|&v| with(&|x| x.micro_batch_size = v))
+            .collect(),
+        Axis::Recompute => sp
+            .recompute
+            .iter()
+            .map(|&r| {
+                with(&|x| {
+                    x.recompute = r;
+                    x.recompute_layers = match r {
+                        Recompute::Full => sp.recompute_layers.unwrap_or(0),
+                        _ => 0,
+                    };
+                })
+            })
+            .collect(),
+        Axis::Sharding => sp
+            .sharding
+            .iter()
+            .map(|&v| {
+                with(&|x| {
+                    x.fsdp = v == super::space::Sharding::Fsdp;
+                    x.distributed_optimizer = v == super::space::Sharding::DistributedOptimizer;
+                })
+            })
+            .collect(),
+    }
+}
+
+impl SeedPlanner {
+    /// The starting layout (see the module documentation).
+    pub(crate) fn baseline(ctx: &Context<'_>, scorer: &mut Scorer) -> Option<Scored> {
+        if let Some(r) = ctx.reference
+            && let Some(c) = scorer.score(ctx, r)
+        {
+            return Some(c);
+        }
+        let sp: &Space = ctx.space;
+        let mut structures = sp.structures(ctx.scenario);
+        structures.sort_by_key(|st| {
+            (
+                st.sharding,
+                st.pp,
+                st.tp,
+                st.cp,
+                Reverse(st.ep),
+                st.etp,
+                st.vpp,
+                st.schedule,
+                st.split,
+            )
+        });
+        let recompute_order = [Recompute::None, Recompute::Selective, Recompute::Full];
+        for st in &structures {
+            for &mbs in &sp.micro_batch_size {
+                // Skip micro-batch sizes the rules reject without scoring them all.
+                let probe = sp.layout(
+                    st,
+                    mbs,
+                    RecomputeChoice {
+                        recompute: Recompute::None,
+                        layers: 0,
+                    },
+                );
+                if probe.check(ctx.scenario).is_err() {
+                    continue;
+                }
+                for r in recompute_order {
+                    if !sp.recompute.contains(&r) {
+                        continue;
+                    }
+                    let layers = if r == Recompute::Full {
+                        sp.recompute_layers.unwrap_or(0)
+                    } else {
+                        0
+                    };
+                    let l = sp.layout(
+                        st,
+                        mbs,
+                        RecomputeChoice {
+                            recompute: r,
+                            layers,
+                        },
+                    );
+                    if let Some(c) = scorer.score(ctx, &l) {
+                        return Some(c);
+                    }
+                }
+                // The smallest legal micro-batch does not fit: larger ones fit less.
+                break;
+            }
+        }
+        None
+    }
+
+    /// Score a variant; when it does not fit, the same with more recomputation (selective,
+    /// then full with the fewest layers that fit), so a sweep of the micro-batch size or the
+    /// pipeline is not stopped by memory alone.
+    fn score_fitting(ctx: &Context<'_>, scorer: &mut Scorer, v: &Layout) -> Option<Scored> {
+        if let Some(c) = scorer.score(ctx, v) {
+            return Some(c);
+        }
+        let sp = ctx.space;
+        for r in [Recompute::Selective, Recompute::Full] {
+            if r <= v.recompute || !sp.recompute.contains(&r) {
+                continue;
+            }
+            let mut x = v.clone();
+            x.recompute = r;
+            x.recompute_layers = match r {
+                Recompute::Full => sp.recompute_layers.unwrap_or(0),
+                _ => 0,
+            };
+            if let Some(c) = scorer.score(ctx, &x) {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Sweep single axes from `start` until a round improves nothing.
+    pub(crate) fn sweep(&self, ctx: &Context<'_>, scorer: &mut Scorer, start: Scored) -> Scored {
+        let mut current = start;
+        for _ in 0..self.max_rounds {
+            let mut improved = false;
+            for axis in Axis::ALL {
+                let mut best = current.clone();
+                for v in variants(ctx, &current.layout, axis) {
+                    if let Some(c) = Self::score_fitting(ctx, scorer, &v)
+                        && rank_cmp(&c, &best) == Ordering::Less
+                    {
+                        best = c;
+                    }
+                }
+                if best.layout != current.layout {
+                    current = best;
+                    improved = true;
+                }
+            }
+            if !improved {
+                break;
+            }
+        }
+        current
+    }
+}
+
+impl Searcher for SeedPlanner {
+    fn kind(&self) -> SearcherKind {
+        SearcherKind::Seed
+    }
+
+    fn search(&mut self, ctx: &Context<'_>) -> Outcome {
+        let mut scorer = Scorer::new(ctx.top_k);
+        if let Some(start) = Self::baseline(ctx, &mut scorer) {
+            self.sweep(ctx, &mut scorer, start);
+        }
+        Outcome {
+            top: scorer.top.into_vec(),
+            stats: scorer.stats,
+            agent: None,
+        }
+    }
+}

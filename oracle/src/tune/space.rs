@@ -1,0 +1,697 @@
+//! The search space of a plan: for the plan's GPU count, global batch and sequence length, the
+//! values each axis may take (`spec.tuning.allowed` narrows them, `spec.tuning.fixed` pins
+//! them), and the layouts they combine into.
+//!
+//! Axes and their default values (before `allowed`/`fixed`):
+//! - `tp`, `pp`, `cp`: divisors of the GPU count (`tp` up to the attention heads, `pp` up to the
+//!   layers, `cp` where the sequence splits into 2*cp chunks); only triples whose product
+//!   divides the GPU count are combined, so the data-parallel size is a whole number;
+//! - `vpp`: for each `pp`, every chunk count that leaves at least one layer per chunk;
+//! - the layer split: Megatron's even split when `pp*vpp` divides the layers, else the
+//!   balanced uneven splits (a lighter last stage, a lighter first stage, or both;
+//!   `firstStageLayers`/`lastStageLayers`);
+//! - `schedule`: `1f1b` and `zero-bubble` for `vpp = 1`, `interleaved` for `vpp > 1`, only
+//!   `1f1b` without a pipeline;
+//! - `ep`: divisors of the expert count (1 for dense models); `etp`: divisors of `tp`;
+//! - `microBatchSize`: divisors of the global batch;
+//! - `recompute`: none, selective, full; full with every per-chunk layer count (0 = all);
+//! - optimizer sharding: the distributed optimizer or FSDP.
+//!
+//! Everything else (sequence parallel, the overlap switches) comes from the reference layout
+//! when the plan gives one, else from the defaults, unless pinned.
+
+use crate::error::FieldError;
+use crate::layout::{Layout, Recompute, Schedule};
+use crate::plan::{AllowedAxes, FixedAxes, Scenario, Tuning};
+
+/// How optimizer state (and weights) are sharded over data parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Sharding {
+    /// Megatron's distributed optimizer (ZeRO-1).
+    DistributedOptimizer,
+    /// Fully sharded data parallel (weights, gradients and optimizer state).
+    Fsdp,
+    /// Plain data parallelism: every replica holds the whole optimizer state.
+    Replicated,
+}
+
+impl Sharding {
+    /// The sharding a layout uses.
+    pub fn of(l: &Layout) -> Sharding {
+        if l.fsdp {
+            Sharding::Fsdp
+        } else if l.distributed_optimizer {
+            Sharding::DistributedOptimizer
+        } else {
+            Sharding::Replicated
+        }
+    }
+
+    fn apply(self, l: &mut Layout) {
+        l.fsdp = self == Sharding::Fsdp;
+        l.distributed_optimizer = self == Sharding::DistributedOptimizer;
+    }
+}
+
+/// How the decoder layers are split over pipeline stages: `(firstStageLayers,
+/// lastStageLayers)`, both `None` for the even split.
+pub type Split = (Option<u32>, Option<u32>);
+
+/// The part of a layout fixed for one exhaustive-search task: everything but the micro-batch
+/// size and recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Structure {
+    pub tp: u32,
+    pub pp: u32,
+    pub vpp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub etp: u32,
+    pub split: Split,
+    pub schedule: Schedule,
+    pub sharding: Sharding,
+}
+
+/// One way to recompute activations: the granularity and, for full, the per-chunk layer count
+/// (0 = every layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecomputeChoice {
+    pub recompute: Recompute,
+    pub layers: u32,
+}
+
+/// The search space of one plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Space {
+    pub tp: Vec<u32>,
+    pub pp: Vec<u32>,
+    /// Allowed chunk counts; `None` = every count that fits the pipeline.
+    pub vpp: Option<Vec<u32>>,
+    pub cp: Vec<u32>,
+    pub ep: Vec<u32>,
+    /// Allowed expert-TP sizes; `None` = the divisors of each `tp`.
+    pub etp: Option<Vec<u32>>,
+    pub micro_batch_size: Vec<u32>,
+    pub recompute: Vec<Recompute>,
+    /// Pinned full-recompute layer count.
+    pub recompute_layers: Option<u32>,
+    pub sharding: Vec<Sharding>,
+    pub schedule: Vec<Schedule>,
+    /// Values of the fields that are not searched (sequence parallel, overlap switches).
+    pub base: Layout,
+    gpus: u32,
+    layers: u32,
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+fn divisors_u32(n: u32) -> Vec<u32> {
+    divisors(n as u64).into_iter().map(|d| d as u32).collect()
+}
+
+const ALLOWED: &str = "spec.tuning.allowed";
+const FIXED: &str = "spec.tuning.fixed";
+
+/// Narrow a default list by `allowed` and `fixed`, with errors naming the field.
+fn narrow<T: Copy + PartialEq + std::fmt::Debug>(
+    name: &str,
+    default: Vec<T>,
+    allowed: Option<&Vec<T>>,
+    fixed: Option<T>,
+    valid: impl Fn(&T) -> bool,
+) -> Result<Vec<T>, FieldError> {
+    if let Some(list) = allowed {
+        if list.is_empty() {
+            return Err(FieldError::new(
+                format!("{ALLOWED}.{name}"),
+                "must list at least one value",
+            ));
+        }
+        if let Some(bad) = list.iter().find(|v| !valid(v)) {
+            return Err(FieldError::new(
+                format!("{ALLOWED}.{name}"),
+                format!("{bad:?} is not a valid value"),
+            ));
+        }
+    }
+    if let Some(f) = fixed {
+        if !valid(&f) {
+            return Err(FieldError::new(
+                format!("{FIXED}.{name}"),
+                format!("{f:?} is not a valid value"),
+            ));
+        }
+        if let Some(list) = allowed
+            && !list.contains(&f)
+        {
+            return Err(FieldError::new(
+                format!("{FIXED}.{name}"),
+                format!("{f:?} is not among {ALLOWED}.{name} {list:?}"),
+            ));
+        }
+        return Ok(vec![f]);
+    }
+    Ok(match allowed {
+        Some(list) => {
+            // Keep the user's values (even ones outside the defaults: the rules judge them),
+            // sorted and without duplicates so the search order is stable.
+            let mut out: Vec<T> = Vec::new();
+            for v in default.iter().filter(|v| list.contains(v)) {
+                out.push(*v);
+            }
+            for v in list {
+                if !out.contains(v) {
+                    out.push(*v);
+                }
+            }
+            out
+        }
+        None => default,
+    })
+}
+
+fn sort_dedup(mut v: Vec<u32>) -> Vec<u32> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Space {
+    /// The space of a scenario under `spec.tuning`; `reference` (`spec.parallelism`) supplies
+    /// the values of the axes that are not searched. Errors name the `spec.tuning` field.
+    pub fn new(
+        s: &Scenario,
+        tuning: &Tuning,
+        reference: Option<&Layout>,
+    ) -> Result<Space, FieldError> {
+        let fixed: &FixedAxes = &tuning.fixed;
+        let allowed: &AllowedAxes = &tuning.allowed;
+        let gpus = s.cluster.gpus;
+        let m = &s.model;
+        let positive = |v: &u32| *v > 0;
+
+        let tp_default: Vec<u32> = divisors_u32(gpus)
+            .into_iter()
+            .filter(|d| *d <= m.attention_heads)
+            .collect();
+        let pp_default: Vec<u32> = divisors_u32(gpus)
+            .into_iter()
+            .filter(|d| *d <= m.layers)
+            .collect();
+        let seq = s.training.seq_length;
+        let cp_default: Vec<u32> = divisors_u32(gpus)
+            .into_iter()
+            .filter(|d| *d == 1 || seq.is_multiple_of(2 * *d as u64))
+            .collect();
+        let ep_default: Vec<u32> = match &m.moe {
+            Some(moe) => divisors_u32(moe.num_experts)
+                .into_iter()
+                .filter(|d| gpus.is_multiple_of(*d))
+                .collect(),
+            None => vec![1],
+        };
+        let mbs_default: Vec<u32> = divisors(s.training.global_batch_size)
+            .into_iter()
+            .filter(|d| *d <= u32::MAX as u64)
+            .map(|d| d as u32)
+            .collect();
+
+        let tp = sort_dedup(narrow(
+            "tp",
+            tp_default,
+            allowed.tp.as_ref(),
+            fixed.tp,
+            positive,
+        )?);
+        let pp = sort_dedup(narrow(
+            "pp",
+            pp_default,
+            allowed.pp.as_ref(),
+            fixed.pp,
+            positive,
+        )?);
+        let cp = sort_dedup(narrow(
+            "cp",
+            cp_default,
+            allowed.cp.as_ref(),
+            fixed.cp,
+            positive,
+        )?);
+        let ep = sort_dedup(narrow(
+            "ep",
+            ep_default,
+            allowed.ep.as_ref(),
+            fixed.ep,
+            positive,
+        )?);
+        let micro_batch_size = sort_dedup(narrow(
+            "microBatchSize",
+            mbs_default,
+            allowed.micro_batch_size.as_ref(),
+            fixed.micro_batch_size,
+            positive,
+        )?);
+        let vpp = match (fixed.vpp, allowed.vpp.as_ref()) {
+            (None, None) => None,
+            (f, a) => Some(sort_dedup(narrow("vpp", Vec::new(), a, f, positive)?)),
+        };
+        let etp = match (fixed.etp, allowed.etp.as_ref()) {
+            (None, None) => None,
+            (f, a) => Some(sort_dedup(narrow("etp", Vec::new(), a, f, positive)?)),
+        };
+        let mut recompute = narrow(
+            "recompute",
+            vec![Recompute::None, Recompute::Selective, Recompute::Full],
+            allowed.recompute.as_ref(),
+            fixed.recompute,
+            |_| true,
+        )?;
+        recompute.sort();
+        recompute.dedup();
+        let recompute_layers = match fixed.recompute_layers {
+            None => None,
+            Some(0) => Some(0),
+            Some(k) => {
+                if !recompute.contains(&Recompute::Full) {
+                    return Err(FieldError::new(
+                        format!("{FIXED}.recomputeLayers"),
+                        format!("{k} layers need recompute full among the allowed values"),
+                    ));
+                }
+                // Only full recompute takes a layer count.
+                recompute = vec![Recompute::Full];
+                Some(k)
+            }
+        };
+        let mut schedule = narrow(
+            "schedule",
+            vec![
+                Schedule::OneFOneB,
+                Schedule::Interleaved,
+                Schedule::ZeroBubble,
+            ],
+            allowed.schedule.as_ref(),
+            fixed.schedule,
+            |_| true,
+        )?;
+        schedule.sort();
+        schedule.dedup();
+        let sharding = match (fixed.fsdp, fixed.distributed_optimizer) {
+            (Some(true), _) => vec![Sharding::Fsdp],
+            (_, Some(true)) => vec![Sharding::DistributedOptimizer],
+            (Some(false), Some(false)) => vec![Sharding::Replicated],
+            (Some(false), None) => vec![Sharding::DistributedOptimizer],
+            (None, Some(false)) => vec![Sharding::Fsdp, Sharding::Replicated],
+            (None, None) => vec![Sharding::DistributedOptimizer, Sharding::Fsdp],
+        };
+
+        let mut base = reference.cloned().unwrap_or_default();
+        base.pipeline_layout = None;
+        base.first_stage_layers = None;
+        base.last_stage_layers = None;
+        if let Some(sp) = fixed.sequence_parallel {
+            base.sequence_parallel = sp;
+        }
+        Ok(Space {
+            tp,
+            pp,
+            vpp,
+            cp,
+            ep,
+            etp,
+            micro_batch_size,
+            recompute,
+            recompute_layers,
+            sharding,
+            schedule,
+            base,
+            gpus,
+            layers: m.layers,
+        })
+    }
+
+    /// Chunk counts to try for a pipeline of `pp` stages.
+    pub fn vpp_values(&self, pp: u32) -> Vec<u32> {
+        if pp <= 1 {
+            return match &self.vpp {
+                Some(v) if !v.contains(&1) => Vec::new(),
+                _ => vec![1],
+            };
+        }
+        let most = (self.layers / pp).max(1);
+        let candidates: Vec<u32> = match &self.vpp {
+            Some(v) => v.clone(),
+            None => (1..=most).collect(),
+        };
+        candidates
+            .into_iter()
+            .filter(|v| !splits(self.layers, pp, *v).is_empty())
+            .collect()
+    }
+
+    /// Expert-TP sizes to try with `tp`.
+    pub fn etp_values(&self, tp: u32, moe: bool) -> Vec<u32> {
+        if !moe {
+            return match &self.etp {
+                Some(v) if !v.contains(&1) => Vec::new(),
+                _ => vec![1],
+            };
+        }
+        match &self.etp {
+            Some(v) => v.clone(),
+            None => divisors_u32(tp),
+        }
+    }
+
+    /// Schedules to try for a pipeline of `pp` stages and `vpp` chunks.
+    pub fn schedule_values(&self, pp: u32, vpp: u32) -> Vec<Schedule> {
+        let legal: &[Schedule] = if pp <= 1 {
+            &[Schedule::OneFOneB]
+        } else if vpp > 1 {
+            &[Schedule::Interleaved]
+        } else {
+            &[Schedule::OneFOneB, Schedule::ZeroBubble]
+        };
+        self.schedule
+            .iter()
+            .copied()
+            .filter(|s| legal.contains(s))
+            .collect()
+    }
+
+    /// Every structure (layout less micro-batch size and recompute) of the space, in a stable
+    /// order. Only (tp, pp, cp) whose product divides the GPU count are combined.
+    pub fn structures(&self, s: &Scenario) -> Vec<Structure> {
+        let moe = s.model.moe.is_some();
+        let mut out = Vec::new();
+        for &tp in &self.tp {
+            for &pp in &self.pp {
+                for &cp in &self.cp {
+                    let mp = tp as u64 * pp as u64 * cp as u64;
+                    if mp == 0 || !(self.gpus as u64).is_multiple_of(mp) {
+                        continue;
+                    }
+                    for vpp in self.vpp_values(pp) {
+                        for split in splits(self.layers, pp, vpp) {
+                            for schedule in self.schedule_values(pp, vpp) {
+                                for &ep in &self.ep {
+                                    for etp in self.etp_values(tp, moe) {
+                                        for &sharding in &self.sharding {
+                                            out.push(Structure {
+                                                tp,
+                                                pp,
+                                                vpp,
+                                                cp,
+                                                ep,
+                                                etp,
+                                                split,
+                                                schedule,
+                                                sharding,
+                                            });
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The layout of a structure with a micro-batch size and recompute choice.
+    pub fn layout(&self, st: &Structure, mbs: u32, rc: RecomputeChoice) -> Layout {
+        let mut l = self.base.clone();
+        l.tp = st.tp;
+        l.pp = st.pp;
+        l.vpp = st.vpp;
+        l.cp = st.cp;
+        l.ep = st.ep;
+        l.etp = st.etp;
+        l.first_stage_layers = st.split.0;
+        l.last_stage_layers = st.split.1;
+        l.schedule = st.schedule;
+        st.sharding.apply(&mut l);
+        l.micro_batch_size = mbs;
+        l.recompute = rc.recompute;
+        l.recompute_layers = rc.layers;
+        l
+    }
+
+    /// The structure of a layout.
+    pub fn structure_of(l: &Layout) -> Structure {
+        Structure {
+            tp: l.tp,
+            pp: l.pp,
+            vpp: l.vpp,
+            cp: l.cp,
+            ep: l.ep,
+            etp: l.etp,
+            split: (l.first_stage_layers, l.last_stage_layers),
+            schedule: l.schedule,
+            sharding: Sharding::of(l),
+        }
+    }
+
+    /// Most layers in one model chunk of a structure (what full recompute can count up to).
+    pub fn max_chunk_layers(&self, st: &Structure) -> u32 {
+        let l = self.layout(
+            st,
+            1,
+            RecomputeChoice {
+                recompute: Recompute::None,
+                layers: 0,
+            },
+        );
+        (0..st.pp.max(1))
+            .map(|r| l.chunk_layers(self.layers, r))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Full-recompute layer counts of a structure, fewest recomputed layers first; 0 (every
+    /// layer) last. A count equal to the largest chunk is the same as 0 and left out.
+    pub fn full_recompute_counts(&self, st: &Structure) -> Vec<u32> {
+        if let Some(k) = self.recompute_layers {
+            return vec![k];
+        }
+        let most = self.max_chunk_layers(st);
+        let mut v: Vec<u32> = (1..most).collect();
+        v.push(0);
+        v
+    }
+
+    /// Every recompute choice of a structure, least memory saving first.
+    pub fn recompute_choices(&self, st: &Structure) -> Vec<RecomputeChoice> {
+        let mut out = Vec::new();
+        for &r in &self.recompute {
+            match r {
+                Recompute::Full => {
+                    out.extend(self.full_recompute_counts(st).into_iter().map(|layers| {
+                        RecomputeChoice {
+                            recompute: r,
+                            layers,
+                        }
+                    }))
+                }
+                _ => out.push(RecomputeChoice {
+                    recompute: r,
+                    layers: 0,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Whether a layout is a member of the space (every searched axis takes an allowed value
+    /// and every other field equals the space's).
+    pub fn contains(&self, s: &Scenario, l: &Layout) -> bool {
+        let st = Space::structure_of(l);
+        let moe = s.model.moe.is_some();
+        let mp = l.tp as u64 * l.pp as u64 * l.cp as u64;
+        let structural = self.tp.contains(&l.tp)
+            && self.pp.contains(&l.pp)
+            && self.cp.contains(&l.cp)
+            && mp > 0
+            && (self.gpus as u64).is_multiple_of(mp)
+            && self.vpp_values(l.pp).contains(&l.vpp)
+            && splits(self.layers, l.pp, l.vpp).contains(&st.split)
+            && self.schedule_values(l.pp, l.vpp).contains(&l.schedule)
+            && self.ep.contains(&l.ep)
+            && self.etp_values(l.tp, moe).contains(&l.etp)
+            && self.sharding.contains(&st.sharding)
+            && self.micro_batch_size.contains(&l.micro_batch_size)
+            && l.pipeline_layout.is_none();
+        if !structural {
+            return false;
+        }
+        let rc = RecomputeChoice {
+            recompute: l.recompute,
+            layers: l.recompute_layers,
+        };
+        if !self.recompute_choices(&st).contains(&rc) {
+            return false;
+        }
+        // The fields the search does not touch.
+        let mut canonical = self.layout(&st, l.micro_batch_size, rc);
+        canonical.pipeline_layout = l.pipeline_layout.clone();
+        canonical == *l
+    }
+
+    /// Bring a layout into the space where that is a matter of dependent fields: `vpp` falls
+    /// back to 1 (or the first allowed) when the pipeline cannot take it, `etp` to the largest
+    /// allowed value not above it, the schedule follows `vpp`, the layer split follows
+    /// `pp`/`vpp`, the recompute layer count stays within the largest chunk, the unsearched
+    /// fields take the space's values. `None` when an axis value is outside the space.
+    pub fn normalize(&self, s: &Scenario, l: &Layout) -> Option<Layout> {
+        let mut l = l.clone();
+        let vpps = self.vpp_values(l.pp);
+        if !vpps.contains(&l.vpp) {
+            l.vpp = if vpps.contains(&1) { 1 } else { *vpps.first()? };
+        }
+        let etps = self.etp_values(l.tp, s.model.moe.is_some());
+        if !etps.contains(&l.etp) {
+            l.etp = etps
+                .iter()
+                .copied()
+                .filter(|v| *v <= l.etp)
+                .max()
+                .or_else(|| etps.first().copied())?;
+        }
+        let base = &self.base;
+        l.sequence_parallel = base.sequence_parallel;
+        l.tp_comm_overlap = base.tp_comm_overlap;
+        l.overlap_grad_reduce = base.overlap_grad_reduce;
+        l.overlap_param_gather = base.overlap_param_gather;
+        l.pipeline_layout = None;
+        let schedules = self.schedule_values(l.pp, l.vpp);
+        if !schedules.contains(&l.schedule) {
+            l.schedule = *schedules.first()?;
+        }
+        let splits = splits(self.layers, l.pp, l.vpp);
+        if !splits.contains(&(l.first_stage_layers, l.last_stage_layers)) {
+            let (f, last) = *splits.first()?;
+            l.first_stage_layers = f;
+            l.last_stage_layers = last;
+        }
+        if l.recompute != Recompute::Full {
+            l.recompute_layers = 0;
+        } else {
+            let counts = self.full_recompute_counts(&Space::structure_of(&l));
+            if !counts.contains(&l.recompute_layers) {
+                l.recompute_layers = if self.recompute_layers.is_some() {
+                    counts[0]
+                } else {
+                    0
+                };
+            }
+        }
+        self.contains(s, &l).then_some(l)
+    }
+
+    /// Number of layouts the space holds without pruning (structures x micro-batch sizes x
+    /// recompute choices), before legality and memory.
+    pub fn size(&self, s: &Scenario) -> u64 {
+        self.structures(s)
+            .iter()
+            .map(|st| self.recompute_choices(st).len() as u64)
+            .sum::<u64>()
+            * self.micro_batch_size.len() as u64
+    }
+}
+
+/// Layer splits to try for `layers` decoder layers over `pp` stages of `vpp` chunks: the even
+/// split when it exists, else the balanced uneven ones (every middle stage gets
+/// `ceil(layers / (pp*vpp)) * vpp` layers, the first and/or last stage the rest).
+pub fn splits(layers: u32, pp: u32, vpp: u32) -> Vec<Split> {
+    let chunks = pp.saturating_mul(vpp);
+    if chunks == 0 || layers < chunks {
+        return Vec::new();
+    }
+    if layers.is_multiple_of(chunks) {
+        return vec![(None, None)];
+    }
+    if pp < 2 {
+        return Vec::new();
+    }
+    let per = layers.div_ceil(chunks) * vpp;
+    let mut out = Vec::new();
+    let ok = |v: u32| v > 0 && v.is_multiple_of(vpp);
+    // One light end: the other pp-1 stages take `per` layers each.
+    if let Some(rest) = layers.checked_sub((pp - 1) * per)
+        && ok(rest)
+    {
+        out.push((None, Some(rest)));
+        out.push((Some(rest), None));
+    }
+    // Both ends light: pp-2 middle stages of `per`, the rest shared by first and last.
+    if pp >= 3
+        && let Some(rest) = layers.checked_sub((pp - 2) * per)
+    {
+        let first = rest / 2 / vpp * vpp;
+        let last = rest - first;
+        if ok(first) && ok(last) && last <= per {
+            out.push((Some(first), Some(last)));
+            if first != last {
+                out.push((Some(last), Some(first)));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_are_sorted() {
+        assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(64), vec![1, 2, 4, 8, 16, 32, 64]);
+    }
+
+    #[test]
+    fn splits_are_even_or_balanced() {
+        assert_eq!(splits(80, 8, 5), vec![(None, None)]);
+        // 126 layers over 8 stages: 7 x 16 + 14.
+        let s = splits(126, 8, 1);
+        assert!(s.contains(&(None, Some(14))));
+        assert!(s.contains(&(Some(14), None)));
+        assert!(s.contains(&(Some(15), Some(15))));
+        for (f, l) in s {
+            let (f, l) = (f.unwrap_or(16), l.unwrap_or(16));
+            assert_eq!(f + l + 6 * 16, 126);
+        }
+        // 62 layers over 8 stages of 2 chunks: middle stages of 8 layers.
+        let s = splits(62, 8, 2);
+        assert!(!s.is_empty());
+        for (f, l) in s {
+            let ends = f.is_some() as u32 + l.is_some() as u32;
+            let middle = 62 - f.unwrap_or(0) - l.unwrap_or(0);
+            assert_eq!(middle, (8 - ends) * 8);
+            assert_eq!(f.unwrap_or(2) % 2, 0);
+            assert_eq!(l.unwrap_or(2) % 2, 0);
+        }
+        // An odd layer count never splits into chunks of an even count per stage.
+        assert!(splits(61, 8, 2).is_empty());
+        assert!(splits(5, 8, 1).is_empty());
+        assert!(splits(7, 1, 1) == vec![(None, None)]);
+    }
+}

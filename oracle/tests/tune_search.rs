@@ -1,0 +1,434 @@
+//! The tuner's searchers against independent references: the exhaustive optimum equals a plain
+//! brute-force loop over the same small space, pruning changes nothing, pinned axes hold, no
+//! chosen layout fails the memory check, seed and evolutionary never beat exhaustive, results
+//! repeat exactly, and searcher `none` projects the plan's layout as given.
+
+use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::memory;
+use primus_oracle::plan::{AllowedAxes, Plan, SearcherKind, parse_plan};
+use primus_oracle::profiles::Catalog;
+use primus_oracle::projection;
+use primus_oracle::tune::evolutionary::Evolutionary;
+use primus_oracle::tune::exhaustive::Exhaustive;
+use primus_oracle::tune::seed::SeedPlanner;
+use primus_oracle::tune::{Searcher, TuneOptions, TuneResult, tune, tune_plan};
+use proptest::prelude::*;
+
+fn plan(yaml: &str) -> Plan {
+    parse_plan(yaml, "test.yaml", &Catalog::builtin().unwrap()).expect("test plan parses")
+}
+
+fn plan_of(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64, tuning: &str) -> Plan {
+    plan(&format!(
+        "spec:\n  model: {{preset: {model}}}\n  cluster: {{gpu: {gpu}, gpus: {gpus}}}\n  training: {{seqLength: {seq}, globalBatchSize: {gbs}}}\n  tuning: {tuning}\n"
+    ))
+}
+
+fn run(p: &Plan, searcher: &mut dyn Searcher) -> TuneResult {
+    tune(p, Some(searcher), &TuneOptions::default()).expect("tune runs")
+}
+
+fn best_tps(r: &TuneResult) -> Option<f64> {
+    r.best
+        .as_ref()
+        .map(|b| b.projection.tokens_per_second_per_gpu)
+}
+
+/// The limit the pre-filter applies.
+fn limit(p: &Plan) -> f64 {
+    p.tuning.memory_headroom * p.scenario.hardware.usable_bytes()
+}
+
+/// A brute-force loop over every value combination of the plan's allowed lists (no space
+/// logic, no pruning): check the rules, then memory, then project; keep the fastest.
+fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
+    let s = &p.scenario;
+    let list = |v: &Option<Vec<u32>>| v.clone().expect("the test lists every axis");
+    let mut best: Option<(Layout, f64)> = None;
+    for tp in list(&a.tp) {
+        for pp in list(&a.pp) {
+            for vpp in list(&a.vpp) {
+                for cp in list(&a.cp) {
+                    for ep in list(&a.ep) {
+                        for etp in list(&a.etp) {
+                            for mbs in list(&a.micro_batch_size) {
+                                for schedule in [
+                                    Schedule::OneFOneB,
+                                    Schedule::Interleaved,
+                                    Schedule::ZeroBubble,
+                                ] {
+                                    for (fsdp, distopt) in [(false, true), (true, false)] {
+                                        for recompute in a.recompute.clone().unwrap() {
+                                            let counts: Vec<u32> = if recompute == Recompute::Full {
+                                                (0..=s.model.layers).collect()
+                                            } else {
+                                                vec![0]
+                                            };
+                                            for k in counts {
+                                                let l = Layout {
+                                                    tp,
+                                                    pp,
+                                                    vpp,
+                                                    cp,
+                                                    ep,
+                                                    etp,
+                                                    micro_batch_size: mbs,
+                                                    recompute,
+                                                    recompute_layers: k,
+                                                    schedule,
+                                                    fsdp,
+                                                    distributed_optimizer: distopt,
+                                                    ..Layout::default()
+                                                };
+                                                if l.check(s).is_err() {
+                                                    continue;
+                                                }
+                                                if memory::peak_bytes(s, &l).0 > limit(p) {
+                                                    continue;
+                                                }
+                                                let t = projection::step_time(s, &l)
+                                                    .unwrap()
+                                                    .tokens_per_second_per_gpu;
+                                                if best.as_ref().is_none_or(|(_, b)| t > *b) {
+                                                    best = Some((l, t));
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    best
+}
+
+fn small_space(dense: bool) -> AllowedAxes {
+    AllowedAxes {
+        tp: Some(vec![1, 2, 4, 8]),
+        pp: Some(vec![1, 2, 4]),
+        vpp: Some(vec![1, 2]),
+        cp: Some(vec![1, 2]),
+        ep: Some(if dense { vec![1] } else { vec![1, 2, 4, 8] }),
+        etp: Some(if dense { vec![1] } else { vec![1, 2] }),
+        micro_batch_size: Some(vec![1, 2, 4]),
+        recompute: Some(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        schedule: None,
+    }
+}
+
+fn tuning_yaml(a: &AllowedAxes, headroom: f64) -> String {
+    format!(
+        "{{memoryHeadroom: {headroom}, allowed: {}}}",
+        serde_json::to_string(a).unwrap()
+    )
+}
+
+#[test]
+fn exhaustive_finds_the_brute_force_optimum() {
+    let cases = [
+        ("llama3.1-8b", "h100-sxm", 16, 8192, 64, true, 0.92),
+        ("llama3.1-70b", "mi300x", 16, 4096, 32, true, 0.92),
+        ("llama3.1-70b", "h100-sxm", 16, 8192, 64, true, 0.6),
+        ("mixtral-8x7b", "h100-sxm", 16, 4096, 64, false, 0.92),
+    ];
+    for (model, gpu, gpus, seq, gbs, dense, headroom) in cases {
+        let a = small_space(dense);
+        let p = plan_of(model, gpu, gpus, seq, gbs, &tuning_yaml(&a, headroom));
+        let expected = brute_force(&p, &a);
+        let pruned = run(&p, &mut Exhaustive { prune: true });
+        let full = run(&p, &mut Exhaustive { prune: false });
+        let what = format!("{model} on {gpus} {gpu}, headroom {headroom}");
+        match expected {
+            None => {
+                assert!(pruned.best.is_none(), "{what}: brute force found nothing");
+                assert!(full.best.is_none());
+            }
+            Some((l, t)) => {
+                let got = pruned.best.as_ref().expect("exhaustive finds a layout");
+                assert_eq!(
+                    got.projection.tokens_per_second_per_gpu,
+                    t,
+                    "{what}: exhaustive {} vs brute force {}",
+                    got.label,
+                    l.label()
+                );
+                assert_eq!(best_tps(&full), Some(t), "{what}: unpruned");
+            }
+        }
+        // Pruning skips only what cannot win: the same top list, fewer examined.
+        let labels = |r: &TuneResult| r.top.iter().map(|c| c.label.clone()).collect::<Vec<_>>();
+        assert_eq!(labels(&pruned), labels(&full), "{what}");
+        assert!(pruned.evaluated <= full.evaluated, "{what}");
+        assert_eq!(full.pruned, 0);
+        assert_eq!(
+            pruned.evaluated + pruned.rejected_by_rules + pruned.rejected_by_memory + pruned.pruned,
+            full.evaluated + full.rejected_by_rules + full.rejected_by_memory,
+            "{what}: every candidate is accounted for"
+        );
+    }
+}
+
+#[test]
+fn pinned_and_allowed_axes_are_respected_by_every_searcher() {
+    let p = plan_of(
+        "llama3.1-70b",
+        "mi300x",
+        64,
+        8192,
+        128,
+        "{fixed: {tp: 2, schedule: interleaved, fsdp: false}, allowed: {pp: [2, 4, 8], microBatchSize: [1, 2], recompute: [none, full]}}",
+    );
+    let mut searchers: Vec<Box<dyn Searcher>> = vec![
+        Box::new(Exhaustive::default()),
+        Box::new(SeedPlanner::default()),
+        Box::new(Evolutionary::default()),
+    ];
+    for s in searchers.iter_mut() {
+        let r = run(&p, s.as_mut());
+        assert!(!r.top.is_empty(), "{:?} found layouts", s.kind());
+        for c in &r.top {
+            let l = &c.layout;
+            assert_eq!(l.tp, 2, "{}", c.label);
+            assert_eq!(l.schedule, Schedule::Interleaved, "{}", c.label);
+            assert!(l.vpp > 1);
+            assert!(!l.fsdp);
+            assert!([2, 4, 8].contains(&l.pp), "{}", c.label);
+            assert!([1, 2].contains(&l.micro_batch_size), "{}", c.label);
+            assert_ne!(l.recompute, Recompute::Selective, "{}", c.label);
+        }
+    }
+}
+
+#[test]
+fn no_chosen_layout_breaks_a_rule_or_the_memory_limit() {
+    for (model, gpu, gpus, seq, gbs) in [
+        ("llama3.1-70b", "h100-sxm", 64, 8192, 128),
+        ("mixtral-8x7b", "mi300x", 32, 4096, 256),
+        ("qwen3-30b-a3b", "h100-sxm", 16, 4096, 64),
+    ] {
+        let p = plan_of(
+            model,
+            gpu,
+            gpus,
+            seq,
+            gbs,
+            "{topK: 10, memoryHeadroom: 0.85}",
+        );
+        for kind in [
+            SearcherKind::Exhaustive,
+            SearcherKind::Seed,
+            SearcherKind::Evolutionary,
+        ] {
+            let r = tune_plan(&p, kind).unwrap();
+            assert!(r.best.is_some(), "{model}: {kind:?} found a layout");
+            for c in &r.top {
+                c.layout.check(&p.scenario).expect("legal");
+                let m = memory::estimate(&p.scenario, &c.layout);
+                assert!(
+                    m.peak_bytes <= limit(&p),
+                    "{model}: {kind:?} chose {} needing {} > {}",
+                    c.label,
+                    m.peak_bytes,
+                    limit(&p)
+                );
+                assert_eq!(c.projection.memory.peak_bytes, m.peak_bytes);
+            }
+            // Ranked best first.
+            for w in r.top.windows(2) {
+                assert!(
+                    w[0].projection.tokens_per_second_per_gpu
+                        >= w[1].projection.tokens_per_second_per_gpu
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn results_repeat_exactly() {
+    let p = plan_of("mixtral-8x7b", "h100-sxm", 32, 4096, 128, "{topK: 8}");
+    let strip = |r: TuneResult| {
+        let mut v = serde_json::to_value(&r).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("seconds");
+        o.remove("candidatesPerSecond");
+        v
+    };
+    for kind in [
+        SearcherKind::Exhaustive,
+        SearcherKind::Seed,
+        SearcherKind::Evolutionary,
+    ] {
+        let a = strip(tune_plan(&p, kind).unwrap());
+        let b = strip(tune_plan(&p, kind).unwrap());
+        assert_eq!(a, b, "{kind:?}");
+    }
+    // The exhaustive answer does not depend on the number of threads.
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let single = one.install(|| strip(tune_plan(&p, SearcherKind::Exhaustive).unwrap()));
+    assert_eq!(
+        single,
+        strip(tune_plan(&p, SearcherKind::Exhaustive).unwrap())
+    );
+}
+
+#[test]
+fn searcher_none_projects_the_layout_as_given() {
+    let p = plan(
+        "spec:\n  model: {preset: llama3.1-70b}\n  cluster: {gpu: mi300x, gpus: 64}\n  training: {seqLength: 8192, globalBatchSize: 128}\n  parallelism: {tp: 4, pp: 8, vpp: 5, schedule: interleaved}\n  tuning: {searcher: none}\n",
+    );
+    let r = tune_plan(&p, SearcherKind::None).unwrap();
+    let l = p.layout.clone().unwrap();
+    let expected = projection::project(&p.scenario, &l).unwrap();
+    let best = r.best.unwrap();
+    assert_eq!(best.layout, l);
+    assert_eq!(
+        best.projection.tokens_per_second_per_gpu,
+        expected.tokens_per_second_per_gpu
+    );
+    assert_eq!(r.evaluated, 1);
+    assert_eq!(r.searcher, SearcherKind::None);
+    assert_eq!(r.gain_over_reference, Some(0.0));
+}
+
+#[test]
+fn the_reference_gain_is_best_over_reference() {
+    let p = plan(
+        "spec:\n  model: {preset: llama3.1-70b}\n  cluster: {gpu: h100-sxm, gpus: 64}\n  training: {seqLength: 8192, globalBatchSize: 128}\n  parallelism: {tp: 8, pp: 8, vpp: 1, microBatchSize: 1, recompute: full}\n",
+    );
+    let r = tune_plan(&p, SearcherKind::Exhaustive).unwrap();
+    let reference = projection::project(&p.scenario, p.layout.as_ref().unwrap()).unwrap();
+    let best = r
+        .best
+        .as_ref()
+        .unwrap()
+        .projection
+        .tokens_per_second_per_gpu;
+    let gain = r.gain_over_reference.unwrap();
+    assert!((gain - (best / reference.tokens_per_second_per_gpu - 1.0)).abs() < 1e-12);
+    assert!(
+        gain > 0.0,
+        "full recompute at TP8 PP8 is not the best layout"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    for key in [
+        "best",
+        "top",
+        "evaluated",
+        "rejectedByMemory",
+        "rejectedByRules",
+        "reference",
+        "gainOverReference",
+        "searcher",
+        "seconds",
+    ] {
+        assert!(json.get(key).is_some(), "{key} in the JSON");
+    }
+    assert!(json["best"]["layout"]["tp"].is_number());
+    assert!(json["best"]["projection"]["tokensPerSecondPerGpu"].is_number());
+    assert!(json["top"][0]["projection"]["memory"]["stages"].is_array());
+    assert_eq!(json["searcher"], "exhaustive");
+}
+
+#[test]
+fn bad_tuning_settings_name_the_field() {
+    let catalog = Catalog::builtin().unwrap();
+    let base = "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 32}\n";
+    for (tuning, field) in [
+        ("{allowed: {tp: []}}", "spec.tuning.allowed.tp"),
+        ("{allowed: {pp: [0, 2]}}", "spec.tuning.allowed.pp"),
+        (
+            "{fixed: {tp: 4}, allowed: {tp: [1, 2]}}",
+            "spec.tuning.fixed.tp",
+        ),
+        (
+            "{fixed: {recomputeLayers: 3, recompute: selective}}",
+            "spec.tuning.fixed.recomputeLayers",
+        ),
+    ] {
+        let p = parse_plan(&format!("{base}  tuning: {tuning}\n"), "t.yaml", &catalog).unwrap();
+        match tune_plan(&p, SearcherKind::Exhaustive) {
+            Err(primus_oracle::tune::TuneError::Field(e)) => assert_eq!(e.field, field, "{e}"),
+            other => panic!(
+                "{tuning}: expected a field error, got {:?}",
+                other.map(|r| r.best.map(|b| b.label))
+            ),
+        }
+    }
+    // A reference layout that breaks a rule names its field.
+    let p = parse_plan(
+        &format!("{base}  parallelism: {{tp: 3}}\n"),
+        "t.yaml",
+        &catalog,
+    )
+    .unwrap();
+    match tune_plan(&p, SearcherKind::Exhaustive) {
+        Err(primus_oracle::tune::TuneError::Field(e)) => {
+            assert!(e.field.starts_with("spec."), "{e}")
+        }
+        _ => panic!("expected a field error"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    /// Seed and evolutionary score only members of the space, so they never beat the
+    /// exhaustive optimum.
+    #[test]
+    fn seed_and_evolutionary_never_beat_exhaustive(
+        model in prop::sample::select(vec!["llama3.1-8b", "llama3.1-70b", "mixtral-8x7b", "qwen3-30b-a3b", "llama2-7b"]),
+        gpu in prop::sample::select(vec!["h100-sxm", "mi300x", "a100-80gb", "mi355x"]),
+        gpus in prop::sample::select(vec![8u32, 16, 32]),
+        seq in prop::sample::select(vec![2048u64, 4096, 8192]),
+        gbs in prop::sample::select(vec![32u64, 64, 256]),
+        headroom in prop::sample::select(vec![0.7f64, 0.92]),
+        seed in any::<u64>(),
+    ) {
+        let p = plan_of(model, gpu, gpus, seq, gbs, &format!("{{memoryHeadroom: {headroom}}}"));
+        let exhaustive = best_tps(&run(&p, &mut Exhaustive::default()));
+        let seeded = best_tps(&run(&p, &mut SeedPlanner::default()));
+        let evo = best_tps(&run(&p, &mut Evolutionary { seed, ..Evolutionary::default() }));
+        for (name, got) in [("seed", seeded), ("evolutionary", evo)] {
+            match (got, exhaustive) {
+                (Some(g), Some(e)) => prop_assert!(g <= e, "{} {} > exhaustive {}", name, g, e),
+                (Some(g), None) => prop_assert!(false, "{} found {} where exhaustive found nothing", name, g),
+                _ => {}
+            }
+        }
+        // The seed planner starts from a fitting layout whenever one exists.
+        prop_assert_eq!(seeded.is_some(), exhaustive.is_some());
+    }
+}
+
+#[test]
+fn fixed_headroom_changes_what_fits() {
+    // Less usable memory can only remove candidates: the optimum cannot improve.
+    let loose = plan_of(
+        "llama3.1-70b",
+        "h100-sxm",
+        32,
+        8192,
+        64,
+        "{memoryHeadroom: 0.95}",
+    );
+    let tight = plan_of(
+        "llama3.1-70b",
+        "h100-sxm",
+        32,
+        8192,
+        64,
+        "{memoryHeadroom: 0.5}",
+    );
+    let a = tune_plan(&loose, SearcherKind::Exhaustive).unwrap();
+    let b = tune_plan(&tight, SearcherKind::Exhaustive).unwrap();
+    assert!(b.rejected_by_memory + b.pruned > a.rejected_by_memory + a.pruned);
+    assert!(best_tps(&b).unwrap_or(0.0) <= best_tps(&a).unwrap());
+}
