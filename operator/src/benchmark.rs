@@ -84,13 +84,19 @@ pub enum Outcome {
     },
     /// A pod is running (or was just created); look again after `requeue`.
     Waiting {
+        /// The report the pod writes.
+        report: String,
         attempts: u32,
         message: String,
         requeue: Duration,
         created: Option<String>,
     },
     /// Every attempt failed.
-    Failed { attempts: u32, message: String },
+    Failed {
+        report: String,
+        attempts: u32,
+        message: String,
+    },
 }
 
 /// Lowercase name of a backend.
@@ -257,20 +263,29 @@ pub fn status_of(o: &Outcome) -> BenchmarkStatus {
             reused: *reused,
             attempts: *attempts,
         },
-        Outcome::Waiting { attempts, .. } | Outcome::Failed { attempts, .. } => BenchmarkStatus {
+        Outcome::Waiting {
+            report, attempts, ..
+        }
+        | Outcome::Failed {
+            report, attempts, ..
+        } => BenchmarkStatus {
+            report: Some(report.clone()),
             attempts: *attempts,
             ..BenchmarkStatus::default()
         },
     }
 }
 
-/// Find or run the plan's benchmark (one step: creates at most one pod).
+/// Find or run the plan's benchmark (one step: creates at most one pod). `previous` is the
+/// plan's recorded benchmark status: the attempts it counted for the same report survive pods
+/// that were deleted (timed out, or removed by hand).
 pub async fn ensure(
     client: &kube::Client,
     config: &Config,
     plan_obj: &TrainingPlan,
     plan: &Plan,
     settings: &Settings,
+    previous: Option<&BenchmarkStatus>,
 ) -> Result<Outcome, Error> {
     let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
     let name = plan_obj.metadata.name.clone().unwrap_or_default();
@@ -306,7 +321,13 @@ pub async fn ensure(
         .iter()
         .filter_map(|p| attempt_of(&report_name, p.metadata.name.as_deref().unwrap_or_default()))
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .max(
+            previous
+                .filter(|b| !b.reused && b.report.as_deref() == Some(report_name.as_str()))
+                .map(|b| b.attempts)
+                .unwrap_or(0),
+        );
 
     let own = list
         .items
@@ -394,6 +415,7 @@ pub async fn ensure(
                 let limit = settings.timeout + config.bench_grace;
                 if a < limit {
                     return Ok(Outcome::Waiting {
+                        report: report_name,
                         attempts,
                         message: format!(
                             "benchmark pod {pod_name} (attempt {attempts} of {}) is {}; waiting up to {}s for its report",
@@ -405,13 +427,17 @@ pub async fn ensure(
                         created: None,
                     });
                 }
-                // Nobody enforced activeDeadlineSeconds: stop it ourselves (the pod is
-                // deleted, the attempt still counts: the next pod gets the next number).
-                let _ = call(
-                    format!("delete timed-out pod {ns}/{pod_name}"),
-                    pods_api.delete(&pod_name, &Default::default()),
-                )
-                .await;
+                // Nobody enforced activeDeadlineSeconds (a pod no node took stays Pending
+                // forever). When another attempt follows, stop it (the status keeps the count
+                // and the next pod gets the next number); the last one stays, so the verdict
+                // keeps naming it, and a node that takes it late still delivers the report.
+                if attempts < settings.max_attempts {
+                    let _ = call(
+                        format!("delete timed-out pod {ns}/{pod_name}"),
+                        pods_api.delete(&pod_name, &Default::default()),
+                    )
+                    .await;
+                }
                 failures.push(format!(
                     "pod {pod_name} gave no report within {}s",
                     settings.timeout.as_secs()
@@ -424,9 +450,10 @@ pub async fn ensure(
     if attempts >= settings.max_attempts {
         let last = failures.pop().unwrap_or_else(|| "no report".into());
         return Ok(Outcome::Failed {
+            report: report_name,
             attempts,
             message: format!(
-                "the benchmark failed {attempts} of {} attempts; last: {last}. Fix the cause and change the spec (or delete the failed pods) to retry",
+                "the benchmark failed {attempts} of {} attempts; last: {last}. Fix the cause, then raise spec.benchmark.maxAttempts (or change the layer shapes) to retry",
                 settings.max_attempts
             ),
         });
@@ -466,6 +493,7 @@ pub async fn ensure(
         message.push_str(&format!("; previous attempt: {f}"));
     }
     Ok(Outcome::Waiting {
+        report: report_name,
         attempts: next,
         message,
         requeue: settings.timeout.min(Duration::from_secs(30)),

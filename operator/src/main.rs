@@ -93,6 +93,10 @@ struct Args {
     /// Seconds between Prometheus drift queries of a plan.
     #[arg(long, default_value_t = 60)]
     drift_interval_seconds: u64,
+    /// Seconds past a benchmark's `timeoutSeconds` before a pod that never finished (e.g. no
+    /// node took it) counts as a failed attempt.
+    #[arg(long, default_value_t = 30.0)]
+    bench_grace_seconds: f64,
     /// Extra profiles directory (models/ and hardware/ YAML files).
     #[arg(long, env = "PRIMUS_PROFILES_DIR")]
     profiles_dir: Option<PathBuf>,
@@ -250,6 +254,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }),
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         drift_interval: Duration::from_secs(args.drift_interval_seconds.max(1)),
+        bench_grace: secs(args.bench_grace_seconds, "bench-grace-seconds")?,
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(

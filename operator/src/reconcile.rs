@@ -161,6 +161,7 @@ impl<'a> Pass<'a> {
                 self.obj,
                 &plan,
                 &settings,
+                self.previous.benchmark.as_ref(),
             )
             .await?;
             self.draft.benchmark = Some(benchmark::status_of(&outcome));

@@ -451,3 +451,89 @@ fn layout_changes_replace_a_job_that_has_not_started_and_spare_a_started_one() {
     assert!(plan.status.as_ref().unwrap().chosen.is_some());
     assert!(rt.block_on(jobs.get_opt("report-only")).unwrap().is_none());
 }
+
+#[test]
+fn a_benchmark_pod_no_node_takes_times_out_and_counts_as_an_attempt() {
+    let Some(tb) = testbed!() else { return };
+    ensure_pytorchjob_crd(&tb);
+    let ns = tb.namespace("op-timeout");
+    let k = tb.kubectl();
+    // No node agent: nothing ever runs the pods (as with no GPU node of the kind).
+    let mut op = Operator::start(
+        &tb,
+        "op-timeout",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-test",
+            kubeconfig: None,
+            extra: vec!["--bench-grace-seconds".into(), "0.5".into()],
+        },
+    );
+    op.wait_leading(Duration::from_secs(60));
+    let rt = runtime();
+    let client = rt.block_on(tb.client());
+    let yaml = plan_yaml(
+        "stuck",
+        "  benchmark: {enabled: true, backend: simulate, timeoutSeconds: 1, maxAttempts: 2}\n",
+    );
+    let out = k.run_stdin(&["apply", "-n", &ns.name, "-f", "-"], &yaml);
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let plan = rt.block_on(poll(
+        Duration::from_secs(60),
+        "the benchmark to time out",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, "stuck").await.filter(|p| {
+                    condition(p, "Benchmarked").is_some_and(|c| c.reason == "BenchmarkFailed")
+                })
+            }
+        },
+    ));
+    let c = condition(&plan, "Benchmarked").unwrap();
+    assert!(c.message.contains("2 of 2 attempts"), "{}", c.message);
+    assert!(
+        c.message.contains("gave no report within 1s"),
+        "{}",
+        c.message
+    );
+    assert_eq!(
+        plan.status
+            .as_ref()
+            .unwrap()
+            .benchmark
+            .as_ref()
+            .unwrap()
+            .attempts,
+        2
+    );
+    // The first (timed-out) pod was removed, the last one stays; nothing new is started.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = || -> Vec<String> {
+        rt.block_on(pods.list(&ListParams::default().labels(BENCH_PODS)))
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    };
+    let now = names();
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert!(now[0].ends_with("-2"), "{now:?}");
+    // Later passes (the resync of the failed plan, the pod's own events) start nothing new.
+    k.ok(&["annotate", "tplan", "stuck", "-n", &ns.name, "test/poke=1"]);
+    let before = op.reconciles();
+    rt.block_on(poll(
+        Duration::from_secs(30),
+        "a pass after the poke",
+        || {
+            let n = op.reconciles();
+            async move { (n > before).then_some(()) }
+        },
+    ));
+    assert_eq!(names(), now);
+    let again = rt.block_on(get_plan(&client, &ns.name, "stuck")).unwrap();
+    assert_eq!(condition(&again, "Benchmarked"), Some(c));
+}
