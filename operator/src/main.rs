@@ -255,7 +255,6 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         resync: Duration::from_secs(args.resync_seconds.max(1)),
         drift_interval: Duration::from_secs(args.drift_interval_seconds.max(1)),
         bench_grace: secs(args.bench_grace_seconds, "bench-grace-seconds")?,
-        ..Config::default()
     };
     let ctx = Arc::new(Context::new(
         client.clone(),
