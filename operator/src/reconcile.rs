@@ -200,6 +200,7 @@ impl<'a> Pass<'a> {
                     ..
                 } => {
                     if let Some(pod) = created {
+                        self.ctx.metrics.benchmark_pods_created.inc();
                         self.event(EventType::Normal, "BenchmarkStarted", "Benchmark", &message)
                             .await;
                         info!(plan = %key(self.obj), pod = %pod, "benchmark pod created");
