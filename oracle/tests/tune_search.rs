@@ -432,3 +432,72 @@ fn fixed_headroom_changes_what_fits() {
     assert!(b.rejected_by_memory + b.pruned > a.rejected_by_memory + a.pruned);
     assert!(best_tps(&b).unwrap_or(0.0) <= best_tps(&a).unwrap());
 }
+
+/// The branch-and-bound's bound is above the projected throughput of every legal layout that
+/// shares its compute key, whatever the pipeline and sharding (checked over whole spaces).
+#[test]
+fn the_throughput_bound_holds_for_every_legal_layout() {
+    use primus_oracle::compute::AnalyticTimer;
+    use primus_oracle::tune::bound::ThroughputBound;
+    use primus_oracle::tune::space::{RecomputeChoice, Space};
+    use primus_oracle::tune::{Context, Prefilter, Progress};
+    for (model, gpu, gpus, seq, gbs) in [
+        ("llama3.1-70b", "h100-sxm", 32, 8192, 64),
+        ("mixtral-8x7b", "mi300x", 32, 4096, 128),
+        ("deepseek-v3", "h100-sxm", 64, 4096, 256),
+        ("gpt-oss-120b", "b200", 16, 4096, 64),
+    ] {
+        let p = plan_of(
+            model,
+            gpu,
+            gpus,
+            seq,
+            gbs,
+            "{allowed: {microBatchSize: [1, 2], cp: [1, 2]}}",
+        );
+        let s = &p.scenario;
+        let space = Space::new(s, &p.tuning, None).unwrap();
+        let progress = Progress::new();
+        let ctx = Context {
+            scenario: s,
+            space: &space,
+            filter: Prefilter::new(s, 1.0),
+            timer: &AnalyticTimer,
+            top_k: 5,
+            progress: &progress,
+            reference: None,
+        };
+        let bound = ThroughputBound::new();
+        let mut checked = 0;
+        for st in space.structures(s) {
+            for &mbs in &space.micro_batch_size {
+                for rc in space.recompute_choices(&st) {
+                    let l = space.layout(&st, mbs, rc);
+                    let Ok(t) = projection::step_time(s, &l) else {
+                        continue;
+                    };
+                    let none = space.layout(
+                        &st,
+                        mbs,
+                        RecomputeChoice {
+                            recompute: Recompute::None,
+                            layers: 0,
+                        },
+                    );
+                    for key in [&l, &none] {
+                        let ub = bound.upper(&ctx, key).expect("a legal layout has a bound");
+                        assert!(
+                            ub * (1.0 + 1e-9) >= t.tokens_per_second_per_gpu,
+                            "{model}: {} projects {} > bound {ub} (key {})",
+                            l.label(),
+                            t.tokens_per_second_per_gpu,
+                            key.label()
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 100, "{model}: only {checked} legal layouts");
+    }
+}

@@ -544,3 +544,69 @@ mod http {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{Recompute, Schedule};
+
+    fn base() -> Layout {
+        Layout {
+            tp: 4,
+            pp: 2,
+            ..Layout::default()
+        }
+    }
+
+    #[test]
+    fn replies_in_fences_and_prose_parse() {
+        let reply = "Sure!\n```json\n{\"layouts\": [{\"tp\": 8, \"recompute\": \"full\", \"recomputeLayers\": 2}, {\"pp\": 4, \"vpp\": 2, \"schedule\": \"interleaved\"}]}\n```\nGood luck.";
+        let p = parse_reply(reply, &base()).unwrap();
+        assert_eq!(p.len(), 2);
+        let a = p[0].as_ref().unwrap();
+        assert_eq!(
+            (a.tp, a.pp, a.recompute, a.recompute_layers),
+            (8, 2, Recompute::Full, 2)
+        );
+        let b = p[1].as_ref().unwrap();
+        assert_eq!(
+            (b.tp, b.pp, b.vpp, b.schedule),
+            (4, 4, 2, Schedule::Interleaved)
+        );
+    }
+
+    #[test]
+    fn bare_lists_and_single_layouts_parse() {
+        assert_eq!(parse_reply("[{\"tp\": 1}]", &base()).unwrap().len(), 1);
+        let one = parse_reply("{\"tp\": 2, \"microBatchSize\": 4}", &base()).unwrap();
+        assert_eq!(one[0].as_ref().unwrap().micro_batch_size, 4);
+        let alt = parse_reply("{\"proposals\": [{\"cp\": 2}]}", &base()).unwrap();
+        assert_eq!(alt[0].as_ref().unwrap().cp, 2);
+    }
+
+    #[test]
+    fn bad_entries_and_replies_are_errors_not_panics() {
+        let p = parse_reply(
+            "{\"layouts\": [{\"tensorParallel\": 2}, 7, {\"tp\": \"eight\"}, {\"tp\": 2}]}",
+            &base(),
+        )
+        .unwrap();
+        assert!(p[0].as_ref().unwrap_err().contains("tensorParallel"));
+        assert!(p[1].is_err());
+        assert!(p[2].is_err());
+        assert_eq!(p[3].as_ref().unwrap().tp, 2);
+        for bad in [
+            "",
+            "use TP 8",
+            "{\"layouts\": 3}",
+            "{\"answer\": \"tp8\"}",
+            "\"just a string\"",
+            "{unclosed",
+        ] {
+            assert!(parse_reply(bad, &base()).is_err(), "{bad:?}");
+        }
+        // A brace in prose before the JSON is skipped.
+        let p = parse_reply("Note {this}: [{\"tp\": 8}]", &base()).unwrap();
+        assert_eq!(p[0].as_ref().unwrap().tp, 8);
+    }
+}
