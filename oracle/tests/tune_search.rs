@@ -3,7 +3,7 @@
 //! chosen layout fails the memory check, seed and evolutionary never beat exhaustive, results
 //! repeat exactly, and searcher `none` projects the plan's layout as given.
 
-use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::layout::{Layout, PipelineLayout, Recompute, Schedule};
 use primus_oracle::memory;
 use primus_oracle::plan::{AllowedAxes, Plan, SearcherKind, parse_plan};
 use primus_oracle::profiles::Catalog;
@@ -12,6 +12,7 @@ use primus_oracle::tune::evolutionary::Evolutionary;
 use primus_oracle::tune::exhaustive::Exhaustive;
 use primus_oracle::tune::seed::SeedPlanner;
 use primus_oracle::tune::{Searcher, TuneOptions, TuneResult, tune, tune_plan};
+use primus_oracle::validate::embedding_and_loss_split;
 use proptest::prelude::*;
 
 fn plan(yaml: &str) -> Plan {
@@ -40,7 +41,9 @@ fn limit(p: &Plan) -> f64 {
 }
 
 /// A brute-force loop over every value combination of the plan's allowed lists (no space
-/// logic, no pruning): check the rules, then memory, then project; keep the fastest.
+/// logic, no pruning), each with Megatron's even split and with the balanced pipeline layout
+/// (embedding and loss counted as layers): check the rules, then memory, then project; keep
+/// the fastest.
 fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
     let s = &p.scenario;
     let list = |v: &Option<Vec<u32>>| v.clone().expect("the test lists every axis");
@@ -64,8 +67,27 @@ fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
                                             } else {
                                                 vec![0]
                                             };
-                                            for k in counts {
+                                            for (k, balanced) in counts
+                                                .iter()
+                                                .flat_map(|k| [(*k, false), (*k, true)])
+                                            {
+                                                let pipeline_layout = if balanced {
+                                                    match embedding_and_loss_split(
+                                                        s.model.layers,
+                                                        s.model.mtp_layers,
+                                                        pp,
+                                                        vpp,
+                                                    ) {
+                                                        Some(t) => {
+                                                            Some(PipelineLayout::parse(&t).unwrap())
+                                                        }
+                                                        None => continue,
+                                                    }
+                                                } else {
+                                                    None
+                                                };
                                                 let l = Layout {
+                                                    pipeline_layout,
                                                     tp,
                                                     pp,
                                                     vpp,

@@ -263,14 +263,14 @@ pub fn report_table(name: &str, r: &TuneResult, s: &crate::plan::Scenario) -> St
     );
     let _ = writeln!(
         out,
-        "\n{:>3}  {:<44} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
+        "\n{:>3}  {:<52} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
         "#", "LAYOUT", "TOK/S/GPU", "MFU", "PEAK GiB (PP)", "FREE GiB"
     );
     let row = |out: &mut String, tag: &str, c: &crate::tune::Candidate| {
         let m = &c.projection.memory;
         let _ = writeln!(
             out,
-            "{:>3}  {:<44} {:>10.1} {:>5.1}% {:>9.1} ({:>2}) {:>9.1}  {} (bubble {:.0}%, exposed comm {:.0}%)",
+            "{:>3}  {:<52} {:>10.1} {:>5.1}% {:>9.1} ({:>2}) {:>9.1}  {} (bubble {:.0}%, exposed comm {:.0}%)",
             tag,
             c.label,
             c.tokens_per_second(),

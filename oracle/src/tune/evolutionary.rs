@@ -6,7 +6,7 @@
 //! that fit), so it never beats the exhaustive search.
 
 use super::seed::Scorer;
-use super::space::{RecomputeChoice, Structure, splits};
+use super::space::{RecomputeChoice, Structure};
 use super::{Context, Outcome, Searcher};
 use crate::layout::{Layout, Recompute};
 use crate::plan::SearcherKind;
@@ -89,7 +89,7 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
     let cp = pick(&sp.cp, g[2])?;
     let vpp = pick(&sp.vpp_values(pp), g[3])?;
     let schedule = pick(&sp.schedule_values(pp, vpp), g[4])?;
-    let split = pick(&splits(ctx.scenario.model.layers, pp, vpp), g[5])?;
+    let split = pick(&sp.splits(pp, vpp), g[5])?;
     let ep = pick(&sp.ep, g[6])?;
     let etp = pick(&sp.etp_values(tp, moe), g[7])?;
     let mbs = pick(&sp.micro_batch_size, g[8])?;

@@ -38,8 +38,16 @@ impl Candidate {
             }
             d => d.as_str().to_string(),
         };
+        let mut label = layout.label();
+        if let Some(pl) = &layout.pipeline_layout {
+            // The explicit layout is in `layout`; the label names it by its stage count.
+            label = label.replace(
+                &format!("layout={}", pl.as_str()),
+                &format!("layout({} stages)", pl.stages().len()),
+            );
+        }
         Candidate {
-            label: layout.label(),
+            label,
             layout,
             projection,
             dominant,

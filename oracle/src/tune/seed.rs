@@ -13,7 +13,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::HashMap;
 
-use super::space::{RecomputeChoice, Space, splits};
+use super::space::{RecomputeChoice, Space};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, rank_cmp};
 use crate::layout::{Layout, Recompute};
 use crate::plan::SearcherKind;
@@ -135,14 +135,10 @@ pub fn variants(ctx: &Context<'_>, l: &Layout, axis: Axis) -> Vec<Layout> {
             .into_iter()
             .map(|v| with(&|x| x.schedule = v))
             .collect(),
-        Axis::Split => splits(s.model.layers, l.pp, l.vpp)
+        Axis::Split => sp
+            .splits(l.pp, l.vpp)
             .into_iter()
-            .map(|(f, last)| {
-                with(&|x| {
-                    x.first_stage_layers = f;
-                    x.last_stage_layers = last;
-                })
-            })
+            .map(|split| with(&|x| sp.apply_split(x, split)))
             .collect(),
         Axis::Cp => sp.cp.iter().map(|&v| with(&|x| x.cp = v)).collect(),
         Axis::Ep => sp.ep.iter().map(|&v| with(&|x| x.ep = v)).collect(),

@@ -20,8 +20,10 @@
 //! Everything else (sequence parallel, the overlap switches) comes from the reference layout
 //! when the plan gives one, else from the defaults, unless pinned.
 
+use std::collections::BTreeMap;
+
 use crate::error::FieldError;
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, PipelineLayout, Recompute, Schedule};
 use crate::plan::{AllowedAxes, FixedAxes, Scenario, Tuning};
 
 /// How optimizer state (and weights) are sharded over data parallelism.
@@ -53,9 +55,18 @@ impl Sharding {
     }
 }
 
-/// How the decoder layers are split over pipeline stages: `(firstStageLayers,
-/// lastStageLayers)`, both `None` for the even split.
-pub type Split = (Option<u32>, Option<u32>);
+/// How the decoder layers are split over the pipeline's virtual stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Split {
+    /// Megatron's even split (`pp * vpp` divides the layers).
+    Even,
+    /// Lighter first and/or last stages: `(firstStageLayers, lastStageLayers)`.
+    Ends(Option<u32>, Option<u32>),
+    /// `--pipeline-model-parallel-layout` with the embedding and the loss (and each MTP layer)
+    /// counted as one layer each, split evenly over the virtual stages (Megatron's
+    /// `--account-for-embedding/loss-in-pipeline-split`).
+    Balanced,
+}
 
 /// The part of a layout fixed for one exhaustive-search task: everything but the micro-batch
 /// size and recomputation.
@@ -101,6 +112,9 @@ pub struct Space {
     pub base: Layout,
     gpus: u32,
     layers: u32,
+    mtp: u32,
+    /// The balanced pipeline layouts by (pp, vpp).
+    balanced: BTreeMap<(u32, u32), PipelineLayout>,
 }
 
 fn divisors(n: u64) -> Vec<u64> {
@@ -327,6 +341,23 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
+        // Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
+        // embedding, the loss and the MTP layers evenly.
+        let mut balanced = BTreeMap::new();
+        let slots = m.layers + m.mtp_layers + 2;
+        for &p in &pp {
+            if p < 2 {
+                continue;
+            }
+            for v in 1..=slots / p {
+                if let Some(text) =
+                    crate::validate::embedding_and_loss_split(m.layers, m.mtp_layers, p, v)
+                    && let Ok(parsed) = PipelineLayout::parse(&text)
+                {
+                    balanced.insert((p, v), parsed);
+                }
+            }
+        }
         Ok(Space {
             tp,
             pp,
@@ -342,7 +373,31 @@ impl Space {
             base,
             gpus,
             layers: m.layers,
+            mtp: m.mtp_layers,
+            balanced,
         })
+    }
+
+    /// Layer splits to try for `pp` stages of `vpp` chunks: the even split or the balanced
+    /// uneven ones ([`end_splits`]), and the balanced pipeline layout when it exists.
+    pub fn splits(&self, pp: u32, vpp: u32) -> Vec<Split> {
+        let mut out = end_splits(self.layers, pp, vpp);
+        if self.balanced.contains_key(&(pp, vpp)) {
+            out.push(Split::Balanced);
+        }
+        out
+    }
+
+    /// Set a layout's split fields.
+    pub fn apply_split(&self, l: &mut Layout, split: Split) {
+        let (first, last, layout) = match split {
+            Split::Even => (None, None, None),
+            Split::Ends(f, last) => (f, last, None),
+            Split::Balanced => (None, None, self.balanced.get(&(l.pp, l.vpp)).cloned()),
+        };
+        l.first_stage_layers = first;
+        l.last_stage_layers = last;
+        l.pipeline_layout = layout;
     }
 
     /// Chunk counts to try for a pipeline of `pp` stages.
@@ -360,7 +415,7 @@ impl Space {
         };
         candidates
             .into_iter()
-            .filter(|v| !splits(self.layers, pp, *v).is_empty())
+            .filter(|v| !self.splits(pp, *v).is_empty())
             .collect()
     }
 
@@ -407,7 +462,7 @@ impl Space {
                         continue;
                     }
                     for vpp in self.vpp_values(pp) {
-                        for split in splits(self.layers, pp, vpp) {
+                        for split in self.splits(pp, vpp) {
                             for schedule in self.schedule_values(pp, vpp) {
                                 for &ep in &self.ep {
                                     for etp in self.etp_values(tp, moe) {
@@ -444,9 +499,8 @@ impl Space {
         l.cp = st.cp;
         l.ep = st.ep;
         l.etp = st.etp;
-        l.first_stage_layers = st.split.0;
-        l.last_stage_layers = st.split.1;
         l.schedule = st.schedule;
+        self.apply_split(&mut l, st.split);
         st.sharding.apply(&mut l);
         l.micro_batch_size = mbs;
         l.recompute = rc.recompute;
@@ -463,7 +517,15 @@ impl Space {
             cp: l.cp,
             ep: l.ep,
             etp: l.etp,
-            split: (l.first_stage_layers, l.last_stage_layers),
+            split: match (
+                &l.pipeline_layout,
+                l.first_stage_layers,
+                l.last_stage_layers,
+            ) {
+                (Some(_), _, _) => Split::Balanced,
+                (None, None, None) => Split::Even,
+                (None, f, last) => Split::Ends(f, last),
+            },
             schedule: l.schedule,
             sharding: Sharding::of(l),
         }
@@ -531,13 +593,12 @@ impl Space {
             && mp > 0
             && (self.gpus as u64).is_multiple_of(mp)
             && self.vpp_values(l.pp).contains(&l.vpp)
-            && splits(self.layers, l.pp, l.vpp).contains(&st.split)
+            && self.splits(l.pp, l.vpp).contains(&st.split)
             && self.schedule_values(l.pp, l.vpp).contains(&l.schedule)
             && self.ep.contains(&l.ep)
             && self.etp_values(l.tp, moe).contains(&l.etp)
             && self.sharding.contains(&st.sharding)
-            && self.micro_batch_size.contains(&l.micro_batch_size)
-            && l.pipeline_layout.is_none();
+            && self.micro_batch_size.contains(&l.micro_batch_size);
         if !structural {
             return false;
         }
@@ -548,10 +609,9 @@ impl Space {
         if !self.recompute_choices(&st).contains(&rc) {
             return false;
         }
-        // The fields the search does not touch.
-        let mut canonical = self.layout(&st, l.micro_batch_size, rc);
-        canonical.pipeline_layout = l.pipeline_layout.clone();
-        canonical == *l
+        // The fields the search does not touch (and a pipeline layout other than the balanced
+        // one).
+        self.layout(&st, l.micro_batch_size, rc) == *l
     }
 
     /// Bring a layout into the space where that is a matter of dependent fields: `vpp` falls
@@ -579,16 +639,16 @@ impl Space {
         l.tp_comm_overlap = base.tp_comm_overlap;
         l.overlap_grad_reduce = base.overlap_grad_reduce;
         l.overlap_param_gather = base.overlap_param_gather;
-        l.pipeline_layout = None;
         let schedules = self.schedule_values(l.pp, l.vpp);
         if !schedules.contains(&l.schedule) {
             l.schedule = *schedules.first()?;
         }
-        let splits = splits(self.layers, l.pp, l.vpp);
-        if !splits.contains(&(l.first_stage_layers, l.last_stage_layers)) {
-            let (f, last) = *splits.first()?;
-            l.first_stage_layers = f;
-            l.last_stage_layers = last;
+        let splits = self.splits(l.pp, l.vpp);
+        let split = Space::structure_of(&l).split;
+        let balanced_ok = split != Split::Balanced
+            || self.balanced.get(&(l.pp, l.vpp)) == l.pipeline_layout.as_ref();
+        if !splits.contains(&split) || !balanced_ok {
+            self.apply_split(&mut l, *splits.first()?);
         }
         if l.recompute != Recompute::Full {
             l.recompute_layers = 0;
@@ -616,16 +676,16 @@ impl Space {
     }
 }
 
-/// Layer splits to try for `layers` decoder layers over `pp` stages of `vpp` chunks: the even
-/// split when it exists, else the balanced uneven ones (every middle stage gets
+/// Layer splits by stage counts for `layers` decoder layers over `pp` stages of `vpp` chunks: the
+/// even split when it exists, else the balanced uneven ones (every middle stage gets
 /// `ceil(layers / (pp*vpp)) * vpp` layers, the first and/or last stage the rest).
-pub fn splits(layers: u32, pp: u32, vpp: u32) -> Vec<Split> {
+pub fn end_splits(layers: u32, pp: u32, vpp: u32) -> Vec<Split> {
     let chunks = pp.saturating_mul(vpp);
     if chunks == 0 || layers < chunks {
         return Vec::new();
     }
     if layers.is_multiple_of(chunks) {
-        return vec![(None, None)];
+        return vec![Split::Even];
     }
     if pp < 2 {
         return Vec::new();
@@ -637,8 +697,8 @@ pub fn splits(layers: u32, pp: u32, vpp: u32) -> Vec<Split> {
     if let Some(rest) = layers.checked_sub((pp - 1) * per)
         && ok(rest)
     {
-        out.push((None, Some(rest)));
-        out.push((Some(rest), None));
+        out.push(Split::Ends(None, Some(rest)));
+        out.push(Split::Ends(Some(rest), None));
     }
     // Both ends light: pp-2 middle stages of `per`, the rest shared by first and last.
     if pp >= 3
@@ -647,9 +707,9 @@ pub fn splits(layers: u32, pp: u32, vpp: u32) -> Vec<Split> {
         let first = rest / 2 / vpp * vpp;
         let last = rest - first;
         if ok(first) && ok(last) && last <= per {
-            out.push((Some(first), Some(last)));
+            out.push(Split::Ends(Some(first), Some(last)));
             if first != last {
-                out.push((Some(last), Some(first)));
+                out.push(Split::Ends(Some(last), Some(first)));
             }
         }
     }
@@ -669,20 +729,24 @@ mod tests {
 
     #[test]
     fn splits_are_even_or_balanced() {
-        assert_eq!(splits(80, 8, 5), vec![(None, None)]);
+        assert_eq!(end_splits(80, 8, 5), vec![Split::Even]);
         // 126 layers over 8 stages: 7 x 16 + 14.
-        let s = splits(126, 8, 1);
-        assert!(s.contains(&(None, Some(14))));
-        assert!(s.contains(&(Some(14), None)));
-        assert!(s.contains(&(Some(15), Some(15))));
-        for (f, l) in s {
-            let (f, l) = (f.unwrap_or(16), l.unwrap_or(16));
-            assert_eq!(f + l + 6 * 16, 126);
+        let s = end_splits(126, 8, 1);
+        assert!(s.contains(&Split::Ends(None, Some(14))));
+        assert!(s.contains(&Split::Ends(Some(14), None)));
+        assert!(s.contains(&Split::Ends(Some(15), Some(15))));
+        for split in s {
+            let Split::Ends(f, l) = split else {
+                panic!("126 layers do not split evenly over 8")
+            };
+            let middle = 8 - f.is_some() as u32 - l.is_some() as u32;
+            assert_eq!(f.unwrap_or(0) + l.unwrap_or(0) + middle * 16, 126);
         }
         // 62 layers over 8 stages of 2 chunks: middle stages of 8 layers.
-        let s = splits(62, 8, 2);
+        let s = end_splits(62, 8, 2);
         assert!(!s.is_empty());
-        for (f, l) in s {
+        for split in s {
+            let Split::Ends(f, l) = split else { panic!() };
             let ends = f.is_some() as u32 + l.is_some() as u32;
             let middle = 62 - f.unwrap_or(0) - l.unwrap_or(0);
             assert_eq!(middle, (8 - ends) * 8);
@@ -690,8 +754,54 @@ mod tests {
             assert_eq!(l.unwrap_or(2) % 2, 0);
         }
         // An odd layer count never splits into chunks of an even count per stage.
-        assert!(splits(61, 8, 2).is_empty());
-        assert!(splits(5, 8, 1).is_empty());
-        assert!(splits(7, 1, 1) == vec![(None, None)]);
+        assert!(end_splits(61, 8, 2).is_empty());
+        assert!(end_splits(5, 8, 1).is_empty());
+        assert_eq!(end_splits(7, 1, 1), vec![Split::Even]);
+    }
+
+    #[test]
+    fn balanced_layouts_count_embedding_and_loss() {
+        let c = crate::profiles::Catalog::builtin().unwrap();
+        let hardware = c.hardware("h100-sxm").unwrap().clone();
+        let s = Scenario {
+            model: c.model("deepseek-v3").unwrap().clone(),
+            cluster: crate::plan::Cluster {
+                gpus: 1024,
+                gpus_per_node: 8,
+            },
+            hardware,
+            training: crate::plan::Training {
+                seq_length: 4096,
+                global_batch_size: 8192,
+                precision: crate::plan::Precision::Bf16,
+            },
+        };
+        let space = Space::new(&s, &Tuning::default(), None).unwrap();
+        // 61 layers + 1 MTP + embedding + loss = 64 slots: 8 stages x 4 chunks of 2.
+        assert!(space.splits(8, 4).contains(&Split::Balanced));
+        assert!(space.vpp_values(8).contains(&4));
+        let st = space
+            .structures(&s)
+            .into_iter()
+            .find(|st| st.pp == 8 && st.vpp == 4)
+            .expect("interleaved DeepSeek-V3 layouts are in the space");
+        let l = space.layout(
+            &st,
+            1,
+            RecomputeChoice {
+                recompute: Recompute::None,
+                layers: 0,
+            },
+        );
+        l.check(&s).expect("legal");
+        assert!(space.contains(&s, &l));
+        assert_eq!(Space::structure_of(&l).split, Split::Balanced);
+        // A different explicit layout is not a member, and normalizes to the balanced one.
+        let mut other = l.clone();
+        other.pipeline_layout = Some(PipelineLayout::parse("Et|(tt|)*30mL").unwrap());
+        if other != l {
+            assert!(!space.contains(&s, &other));
+            assert_eq!(space.normalize(&s, &other), Some(l));
+        }
     }
 }
