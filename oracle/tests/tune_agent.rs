@@ -242,7 +242,7 @@ fn a_timeout_is_counted_and_the_run_completes() {
         "the seed planner's layouts are still reported"
     );
     assert!(
-        start.elapsed() < Duration::from_secs(3 + 2 * 1 + 5),
+        start.elapsed() < Duration::from_secs(10),
         "gave up on time: {:?}",
         start.elapsed()
     );
