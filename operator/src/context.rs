@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::runtime::events::{Recorder, Reporter};
@@ -60,6 +61,17 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// Whether the PyTorchJob CRD was found, and when that was checked.
     job_crd: Mutex<Option<(bool, Instant)>>,
+    /// Reconcile passes running now (shutdown waits for them, and only for them).
+    in_flight: AtomicUsize,
+}
+
+/// Counts a pass as in flight while it lives.
+pub struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// How long a PyTorchJob CRD lookup is trusted.
@@ -94,7 +106,19 @@ impl Context {
             http,
             failures: Mutex::new(HashMap::new()),
             job_crd: Mutex::new(None),
+            in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// Mark a pass as running until the guard drops.
+    pub fn enter(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(&self.in_flight)
+    }
+
+    /// Passes running now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Count a failure of `key`; the backoff to wait before the next attempt (1 s doubling
@@ -113,11 +137,18 @@ impl Context {
         f.remove(key);
     }
 
-    /// The cached answer to "is the PyTorchJob CRD installed", when fresh.
+    /// The cached answer to "is the PyTorchJob CRD installed", when fresh. Only a positive
+    /// answer is trusted for a while; a missing CRD is looked up again on every pass.
     pub fn job_crd_cached(&self) -> Option<bool> {
         let c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
-        c.filter(|(_, at)| at.elapsed() < CRD_CHECK_TTL)
+        c.filter(|(present, at)| *present && at.elapsed() < CRD_CHECK_TTL)
             .map(|(present, _)| present)
+    }
+
+    /// Drop the cached answer (the next lookup asks discovery).
+    pub fn forget_job_crd(&self) {
+        let mut c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
+        *c = None;
     }
 
     pub fn set_job_crd(&self, present: bool) {

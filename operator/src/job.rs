@@ -211,14 +211,10 @@ pub async fn ensure(
         Api::namespaced_with(ctx.client.clone(), &ns, &pytorchjob_resource());
     let what = format!("pytorchjob {ns}/{name}");
 
+    // (A 404 of the resource itself reads as "no such job" here; the create below tells.)
     let existing =
         match tokio::time::timeout(crate::kubeapi::CALL_TIMEOUT, api.get_opt(&name)).await {
             Ok(Ok(j)) => j,
-            // The CRD went away since discovery.
-            Ok(Err(e)) if is_not_found(&e) => {
-                ctx.set_job_crd(false);
-                return Ok(Outcome::CrdMissing);
-            }
             Ok(Err(e)) => return Err(Error::kube(format!("get {what}"), e)),
             Err(_) => {
                 return Err(Error::Timeout {
@@ -257,9 +253,14 @@ pub async fn ensure(
             Ok(Err(e)) if is_conflict(&e) => {
                 return Err(Error::kube(format!("create {what}"), e));
             }
+            // The resource is not served: gone since discovery, or briefly unavailable while
+            // the API server rebuilds its storage after a CRD update. Ask discovery afresh.
             Ok(Err(e)) if is_not_found(&e) => {
-                ctx.set_job_crd(false);
-                return Ok(Outcome::CrdMissing);
+                ctx.forget_job_crd();
+                if !crd_present(ctx).await? {
+                    return Ok(Outcome::CrdMissing);
+                }
+                return Err(Error::kube(format!("create {what}"), e));
             }
             Ok(Err(e)) => return Err(Error::kube(format!("create {what}"), e)),
             Err(_) => {

@@ -17,6 +17,9 @@ use tracing::{debug, info};
 use crate::error::{Error, is_conflict, is_not_found};
 use crate::kubeapi::call;
 
+/// How long releasing the Lease on shutdown may take (it expires by itself anyway).
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Leader-election settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -204,7 +207,7 @@ impl Elector {
             spec.renew_time = Some(now());
         }
         match tokio::time::timeout(
-            Duration::from_secs(2),
+            RELEASE_TIMEOUT,
             self.api.replace(&name, &PostParams::default(), &lease),
         )
         .await
@@ -218,7 +221,7 @@ impl Elector {
             Ok(Err(e)) => Err(Error::kube(what, e)),
             Err(_) => Err(Error::Timeout {
                 what,
-                after: Duration::from_secs(2),
+                after: RELEASE_TIMEOUT,
             }),
         }
     }
@@ -265,7 +268,11 @@ pub async fn hold(elector: &mut Elector, stop: &mut tokio::sync::watch::Receiver
         if *stop.borrow() {
             return true;
         }
-        match elector.try_acquire_or_renew().await {
+        let attempt = tokio::select! {
+            a = elector.try_acquire_or_renew() => a,
+            _ = stop.changed() => return true,
+        };
+        match attempt {
             Ok(Attempt::Leading) => last_ok = Instant::now(),
             Ok(Attempt::Following { holder }) => {
                 tracing::error!(holder = %holder, "another replica took the lease");

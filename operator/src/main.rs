@@ -336,10 +336,21 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     tokio::select! {
         _ = &mut run => warn!("the controller stopped"),
         _ = until_true(halt_rx.clone()) => {
-            if tokio::time::timeout(shutdown_timeout, &mut run).await.is_err() {
-                warn!(timeout = ?shutdown_timeout, "in-flight reconciles did not finish; exiting anyway");
-                run.abort();
+            // Let running passes finish (bounded); do not wait for watches that cannot end
+            // (an unreachable API server keeps the controller's initial list pending).
+            let deadline = tokio::time::Instant::now() + shutdown_timeout;
+            loop {
+                if run.is_finished() || ctx.in_flight() == 0 {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    warn!(timeout = ?shutdown_timeout, in_flight = ctx.in_flight(), "reconciles did not finish in time; exiting anyway");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            let _ = tokio::time::timeout(Duration::from_millis(200), &mut run).await;
+            run.abort();
         }
     }
     metrics.leader.set(0);
@@ -392,21 +403,20 @@ async fn build_controller(
         .with_config(controller::Config::default().concurrency(concurrency))
         .owns(pods, watcher::Config::default().labels(&pod_selector))
         .owns(reports, watcher::Config::default());
-    // Watch PyTorchJobs when the CRD is there at start; without it plans re-check it
-    // periodically (a watch on a missing resource would only fail and back off).
+    // Watch PyTorchJobs even when the CRD is missing at start: the watch backs off and
+    // recovers once it is installed (plans say it is missing meanwhile).
     match job::crd_present(ctx).await {
-        Ok(true) => {
-            let ar = pytorchjob_resource();
-            let jobs: Api<DynamicObject> = match namespace {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                None => Api::all_with(client.clone(), &ar),
-            };
-            c = c.owns_with(jobs, ar, watcher::Config::default());
-        }
+        Ok(true) => {}
         Ok(false) => {
             warn!("the PyTorchJob CRD (kubeflow.org/v1) is not installed; plans will say so")
         }
         Err(e) => warn!(error = %e, "could not discover the PyTorchJob CRD"),
     }
+    let ar = pytorchjob_resource();
+    let jobs: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    c = c.owns_with(jobs, ar, watcher::Config::default());
     c
 }

@@ -30,12 +30,13 @@ use crate::metrics::Metrics;
 use crate::status;
 
 /// How often a plan whose job CRD is missing is looked at again.
-const CRD_RECHECK: Duration = Duration::from_secs(60);
+const CRD_RECHECK: Duration = Duration::from_secs(15);
 /// How long a search may run before the status says `Tuning`.
 const TUNING_NOTICE: Duration = Duration::from_secs(2);
 
 /// Reconcile one plan (the controller's reconciler).
 pub async fn reconcile(obj: Arc<TrainingPlan>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _running = ctx.enter();
     let start = Instant::now();
     let key = key(&obj);
     let result = Pass::new(&obj, &ctx).run().await;
@@ -632,6 +633,17 @@ impl<'a> Pass<'a> {
             Timestamp::now(),
         );
         let wrote = status::apply(&self.ctx.client, self.obj, &self.previous, &status).await?;
+        if wrote {
+            let ready = conditions::find(&status.conditions, READY);
+            info!(
+                plan = %key(self.obj),
+                generation = ?status.observed_generation,
+                phase = status.phase.as_deref().unwrap_or_default(),
+                reason = ready.map(|c| c.reason.as_str()).unwrap_or_default(),
+                message = ready.map(|c| c.message.as_str()).unwrap_or_default(),
+                "status written"
+            );
+        }
         let stalled = self.verdicts.is_true(STALLED);
         let ready = self.verdicts.is_true(READY);
         Metrics::set_plan(

@@ -63,6 +63,14 @@ pub fn jobs_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
 /// applying it again is a no-op).
 pub fn ensure_pytorchjob_crd(tb: &TestBed) {
     let k = tb.kubectl();
+    // Only when it is missing: an update makes the API server rebuild the resource's storage,
+    // and requests in flight meanwhile may see 404s.
+    if k.run(&["get", "crd", "pytorchjobs.kubeflow.org"])
+        .status
+        .success()
+    {
+        return;
+    }
     let file = repo_root().join("crds/thirdparty/kubeflow.org_pytorchjobs.yaml");
     k.ok(&[
         "apply",
