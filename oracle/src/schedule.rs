@@ -102,11 +102,21 @@ const NONE: u32 = u32::MAX;
 struct PlanOp {
     /// Plan position of the pass this one waits for (the sentinel `plan.len()` for none).
     dep: u32,
+    /// Plan position of the same rank's previous pass (the sentinel for its first).
+    prev: u32,
     /// Pipeline rank.
     rank: u16,
     /// Index of its duration: the virtual stage for a forward, `nvs + vs` for a backward.
     dur: u16,
     /// 1 when the wait includes a pipeline message, else 0.
+    cross: u8,
+}
+
+/// One pass of one rank, for the per-rank message-wait account.
+#[derive(Debug, Clone, Copy)]
+struct RankOp {
+    pos: u32,
+    dur: u16,
     cross: u8,
 }
 
@@ -218,9 +228,17 @@ pub struct Simulator {
     /// its last chunk: (virtual stage, position).
     last_backward_at: Vec<(u32, u32)>,
     first_forward_at: Vec<(u32, u32)>,
-    /// Plan positions of each rank's passes in order, flattened; `rank_ops_at[r]..[r+1]`.
-    rank_ops: Vec<u32>,
+    /// Each rank's passes in order, flattened; `rank_ops_at[r]..[r+1]`.
+    rank_ops: Vec<RankOp>,
     rank_ops_at: Vec<usize>,
+    /// Plan position of each rank's last pass.
+    last_of_rank: Vec<u32>,
+    /// The periodic middle of the plan (steady state), if any.
+    period: Option<Period>,
+    /// Simulate every pass even in a repeating steady state (for checking the shortcut).
+    no_skip: bool,
+    /// Passes of the last run filled in from the repeating steady state.
+    filled: usize,
     durations: Vec<f64>,
     message: f64,
     /// Whether the last run was a 1F1B-family plan run (waits computed on demand).
@@ -243,12 +261,27 @@ impl Simulator {
         Simulator::default()
     }
 
+    /// A simulator that times every pass one by one, without filling in a repeating steady
+    /// state (the reference the shortcut is checked against).
+    pub fn exhaustive() -> Simulator {
+        Simulator {
+            no_skip: true,
+            ..Simulator::default()
+        }
+    }
+
     /// A simulator that records every pass (for timelines).
     pub fn tracing() -> Simulator {
         Simulator {
             trace: Some(Vec::new()),
             ..Simulator::default()
         }
+    }
+
+    /// Passes of the last run whose times were filled in from a repeating steady state
+    /// rather than simulated one by one.
+    pub fn filled_passes(&self) -> usize {
+        self.filled
     }
 
     /// Per-rank results of the last run.
@@ -379,6 +412,7 @@ impl Simulator {
                     position[index(backward, vs, mb, nvs, m)] = plan.len() as u32;
                     plan.push(PlanOp {
                         dep: dep_pos,
+                        prev: total_ops as u32,
                         rank: r as u16,
                         dur: (if backward { nvs + vs } else { vs }) as u16,
                         cross: cross as u8,
@@ -413,13 +447,19 @@ impl Simulator {
             free[op.rank as usize] = st + dur;
         }
         let mut order: Vec<usize> = (0..total_ops).collect();
-        order.sort_by(|&a, &b| start[a].total_cmp(&start[b]).then(a.cmp(&b)));
+        // Ties (passes of different ranks starting together) by rank, which keeps the order
+        // of one steady-state period the same as the next.
+        order.sort_by(|&a, &b| {
+            start[a]
+                .total_cmp(&start[b])
+                .then(plan[a].rank.cmp(&plan[b].rank))
+        });
         let mut new_pos = vec![0u32; total_ops + 1];
         for (new, &old) in order.iter().enumerate() {
             new_pos[old] = new as u32;
         }
         new_pos[total_ops] = total_ops as u32;
-        let plan: Vec<PlanOp> = order
+        let mut plan: Vec<PlanOp> = order
             .iter()
             .map(|&old| {
                 let mut op = plan[old];
@@ -427,6 +467,14 @@ impl Simulator {
                 op
             })
             .collect();
+        // Each pass's predecessor on its rank (the timing loop reads its end instead of
+        // keeping a per-rank "free" time: one array, no read-modify-write per rank).
+        let mut last = vec![total_ops as u32; pp];
+        for (i, op) in plan.iter_mut().enumerate() {
+            op.prev = last[op.rank as usize];
+            last[op.rank as usize] = i as u32;
+        }
+        self.last_of_rank = last;
         let meta: Vec<PlanMeta> = order.iter().map(|&old| meta[old]).collect();
         for p in position.iter_mut() {
             if *p != NONE {
@@ -450,10 +498,15 @@ impl Simulator {
                 plan.iter()
                     .enumerate()
                     .filter(|(_, op)| op.rank as usize == r)
-                    .map(|(i, _)| i as u32),
+                    .map(|(i, op)| RankOp {
+                        pos: i as u32,
+                        dur: op.dur,
+                        cross: op.cross,
+                    }),
             );
         }
         rank_ops_at.push(rank_ops.len());
+        self.period = find_period(&plan, &meta, nvs, pp.min(m));
         self.rank_ops = rank_ops;
         self.rank_ops_at = rank_ops_at;
         self.plan = plan;
@@ -474,9 +527,8 @@ impl Simulator {
         let message = [0.0, self.message];
         let mut prev = 0.0;
         let mut wait = 0.0;
-        for &i in &self.rank_ops[self.rank_ops_at[rank]..self.rank_ops_at[rank + 1]] {
-            let op = self.plan[i as usize];
-            let e = self.end[i as usize];
+        for op in &self.rank_ops[self.rank_ops_at[rank]..self.rank_ops_at[rank + 1]] {
+            let e = self.end[op.pos as usize];
             let start = e - self.durations[op.dur as usize];
             let msg = message[op.cross as usize];
             let waited = (start - prev).max(0.0);
@@ -494,25 +546,51 @@ impl Simulator {
         self.durations.extend_from_slice(&c.forward[..nvs]);
         self.durations
             .extend((0..nvs).map(|vs| c.backward[vs] + c.weight[vs]));
-        self.end.clear();
-        self.end.resize(n + 1, 0.0);
+        // Every entry is written before it is read; only the sentinel needs a value.
+        if self.end.len() != n + 1 {
+            self.end.resize(n + 1, 0.0);
+        }
+        self.end[n] = 0.0;
         self.message = c.p2p;
         let message = [0.0, c.p2p];
         // end[n] is the sentinel 0.0 that passes with no input wait for.
         let end = &mut self.end[..];
         let durations = &self.durations[..];
+        let plan = &self.plan[..];
+        let mut done = 0;
+        let mut filled = 0;
+        if let Some(per) = self.period.filter(|_| !self.no_skip) {
+            // Simulate until one lookback window lies inside the periodic region, then, once
+            // the last window repeats the one a period earlier shifted by a constant, every
+            // later pass of the region does too (same predecessors, shifted): fill them in.
+            // The steady state may repeat only every few groups (max-plus cyclicity), so
+            // compare with 1 to 4 periods back.
+            let mut q = per.first + per.lookback;
+            'search: while q + per.len <= per.last {
+                time_passes(plan, end, durations, &message, done, q);
+                done = q;
+                for k in 1..=MAX_CYCLICITY {
+                    let back = k * per.len;
+                    if q < per.lookback + back + per.first - per.len {
+                        break;
+                    }
+                    if let Some(shift) = repeats(end, q, back, per.lookback) {
+                        for i in q..per.last {
+                            end[i] = end[i - back] + shift;
+                        }
+                        filled = per.last - q;
+                        done = per.last;
+                        break 'search;
+                    }
+                }
+                q += per.len;
+            }
+        }
+        time_passes(plan, end, durations, &message, done, plan.len());
+        self.filled = filled;
         let free = &mut self.free[..];
-        // The hot loop: every pass starts when its rank is free and its input has arrived.
-        for (i, op) in self.plan.iter().enumerate() {
-            let msg = message[op.cross as usize];
-            let ready = end[op.dep as usize] + msg;
-            let r = op.rank as usize;
-            let f = free[r];
-            // Plain compares (no NaN handling: every time here is finite).
-            let start = if ready > f { ready } else { f };
-            let e = start + durations[op.dur as usize];
-            end[i] = e;
-            free[r] = e;
+        for (f, &last) in free.iter_mut().zip(&self.last_of_rank) {
+            *f = end[last as usize];
         }
         // Per-rank results.
         for (r, (rank, &end_r)) in self.ranks.iter_mut().zip(free.iter()).enumerate() {
@@ -674,6 +752,110 @@ impl Simulator {
             });
         }
     }
+}
+
+/// Longest cycle (in micro-batch groups) of a steady state the simulation looks for.
+const MAX_CYCLICITY: usize = 4;
+
+/// The steady-state part of a plan: positions `first..last` hold the passes of positions
+/// `first - len..last - len` one micro-batch group later, with every predecessor shifted by
+/// `len` too; no pass there looks back further than `lookback` positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Period {
+    len: usize,
+    first: usize,
+    last: usize,
+    lookback: usize,
+}
+
+/// Find the periodic part of a plan (micro-batch groups of `group`).
+fn find_period(plan: &[PlanOp], meta: &[PlanMeta], nvs: usize, group: usize) -> Option<Period> {
+    let n = plan.len();
+    let len = 2 * nvs * group;
+    if n < 3 * len {
+        return None;
+    }
+    let sentinel = n as u32;
+    let shifted = |x: u32, y: u32| {
+        (x == sentinel && y == sentinel) || (x != sentinel && y as usize == x as usize + len)
+    };
+    let same = |i: usize| {
+        let (a, b) = (&plan[i], &plan[i + len]);
+        a.rank == b.rank
+            && a.dur == b.dur
+            && a.cross == b.cross
+            && meta[i + len].mb as usize == meta[i].mb as usize + group
+            && shifted(a.dep, b.dep)
+            && shifted(a.prev, b.prev)
+    };
+    // Longest run of positions whose pass repeats one period later.
+    let (mut best, mut run_start) = ((0, 0), None);
+    for i in 0..=n - len {
+        let ok = i < n - len && same(i);
+        match (ok, run_start) {
+            (true, None) => run_start = Some(i),
+            (false, Some(a)) => {
+                if i - a > best.1 - best.0 {
+                    best = (a, i);
+                }
+                run_start = None;
+            }
+            _ => {}
+        }
+    }
+    let (a, b) = best;
+    let (first, last) = (a + len, b + len);
+    if last - first < 2 * len {
+        return None;
+    }
+    let mut lookback = len;
+    for (i, op) in plan.iter().enumerate().take(last).skip(first) {
+        for p in [op.dep, op.prev] {
+            if p != sentinel {
+                lookback = lookback.max(i - p as usize);
+            }
+        }
+    }
+    if first + lookback + len > last {
+        return None;
+    }
+    Some(Period {
+        len,
+        first,
+        last,
+        lookback,
+    })
+}
+
+/// Time passes `from..to` of a plan: each starts when its rank's previous pass has ended and
+/// its input has arrived (`end[plan.len()]` is the 0.0 sentinel).
+#[inline]
+fn time_passes(
+    plan: &[PlanOp],
+    end: &mut [f64],
+    durations: &[f64],
+    message: &[f64; 2],
+    from: usize,
+    to: usize,
+) {
+    for i in from..to {
+        let op = &plan[i];
+        let ready = end[op.dep as usize] + message[op.cross as usize];
+        let f = end[op.prev as usize];
+        // Plain compares (no NaN handling: every time here is finite).
+        let start = if ready > f { ready } else { f };
+        end[i] = start + durations[op.dur as usize];
+    }
+}
+
+/// Whether `end[q - window..q]` repeats `end[q - window - len..q - len]` shifted by one
+/// constant; the shift.
+fn repeats(end: &[f64], q: usize, len: usize, window: usize) -> Option<f64> {
+    let shift = end[q - 1] - end[q - 1 - len];
+    let tolerance = 1e-12 * end[q - 1].abs().max(1e-30);
+    (q - window..q)
+        .all(|i| (end[i] - end[i - len] - shift).abs() <= tolerance)
+        .then_some(shift)
 }
 
 impl PassKind {

@@ -173,3 +173,66 @@ fn zero_bubble_h1_matches_the_formula_over_a_range_of_shapes() {
         }
     }
 }
+
+mod steady_state_shortcut {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Filling in a repeating steady state gives the same times as simulating every pass.
+        #[test]
+        fn matches_the_exhaustive_simulation(
+            p in 2usize..9,
+            v in 1usize..5,
+            groups in 1usize..12,
+            f in proptest::collection::vec(0.1f64..3.0, 32),
+            b in proptest::collection::vec(0.1f64..6.0, 32),
+            p2p in 0.0f64..0.5,
+        ) {
+            let m = p * groups;
+            let nvs = p * v;
+            let f = &f[..nvs];
+            let b = &b[..nvs];
+            let w = vec![0.0; nvs];
+            let schedule = if v > 1 { Schedule::Interleaved } else { Schedule::OneFOneB };
+            let c = costs(p, v, f, b, &w, p2p);
+            let mut fast = Simulator::new();
+            let mut slow = Simulator::exhaustive();
+            let a = fast.run(schedule, &c, m);
+            let e = slow.run(schedule, &c, m);
+            let tol = 1e-9 * e.makespan;
+            prop_assert!((a.makespan - e.makespan).abs() <= tol, "{a:?} vs {e:?}");
+            for (x, y) in fast.ranks().iter().zip(slow.ranks()) {
+                prop_assert!((x.end - y.end).abs() <= tol);
+                prop_assert!((x.p2p_wait - y.p2p_wait).abs() <= tol);
+                prop_assert!((x.first_forward_end - y.first_forward_end).abs() <= tol);
+            }
+            for (x, y) in fast.last_backward().iter().zip(slow.last_backward()) {
+                prop_assert!((x.start - y.start).abs() <= tol && (x.end - y.end).abs() <= tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_steady_state_shortcut_is_taken_and_exact() {
+    // 8 stages x 8 chunks x 64 micro-batches with uneven chunks and messages: the steady state
+    // repeats every two micro-batch groups here; most of the 8192 passes are filled in, and
+    // every time agrees with the pass-by-pass simulation.
+    let (p, v, m) = (8, 8, 64);
+    let f: Vec<f64> = (0..p * v).map(|i| 1.0 + 0.1 * (i % 3) as f64).collect();
+    let b: Vec<f64> = f.iter().map(|x| 2.0 * x).collect();
+    let w = vec![0.0; p * v];
+    let c = costs(p, v, &f, &b, &w, 0.05);
+    let mut fast = Simulator::new();
+    let mut slow = Simulator::exhaustive();
+    let a = fast.run(Schedule::Interleaved, &c, m);
+    let e = slow.run(Schedule::Interleaved, &c, m);
+    assert!(fast.filled_passes() > 2000, "{}", fast.filled_passes());
+    assert_eq!(slow.filled_passes(), 0);
+    assert!((a.makespan - e.makespan).abs() < 1e-9 * e.makespan);
+    for (x, y) in fast.ranks().iter().zip(slow.ranks()) {
+        assert!((x.p2p_wait - y.p2p_wait).abs() < 1e-9 * e.makespan);
+    }
+}
