@@ -118,10 +118,10 @@ pub struct Layout {
     #[serde(default)]
     pub schedule: Schedule,
     /// Layers on the first pipeline stage when it differs from the even split.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_stage_layers: Option<u32>,
     /// Layers on the last pipeline stage when it differs from the even split.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage_layers: Option<u32>,
     /// Megatron's `--pipeline-model-parallel-layout`: the contents of every virtual pipeline
     /// stage, e.g. `Et|(tt|)*30mL` (E embedding, t decoder layer, m MTP layer, L loss, `|`

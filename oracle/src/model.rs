@@ -54,7 +54,7 @@ pub struct MoeConfig {
     #[serde(default)]
     pub shared_experts: u32,
     /// FFN hidden size of one shared expert (defaults to `moeFfnHiddenSize`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_expert_ffn_hidden_size: Option<u64>,
     /// The first k layers are dense (their FFN uses the card's `ffnHiddenSize`).
     #[serde(default)]
@@ -66,7 +66,7 @@ pub struct MoeConfig {
     #[serde(default)]
     pub router_bias: bool,
     /// Token capacity factor per expert; absent means dropless routing.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_factor: Option<f64>,
 }
 
@@ -76,7 +76,7 @@ pub struct MoeConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MlaConfig {
     /// Rank of the query down-projection; absent when queries are not compressed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub q_lora_rank: Option<u64>,
     /// Rank of the joint key/value down-projection.
     pub kv_lora_rank: u64,
@@ -105,10 +105,10 @@ pub struct ModelCard {
     /// Query heads.
     pub attention_heads: u32,
     /// Key/value heads (GQA); defaults to `attentionHeads` (plain multi-head attention).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_heads: Option<u32>,
     /// Per-head dimension; defaults to `hiddenSize / attentionHeads` (differs in Qwen3).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u64>,
     /// Vocabulary size (padded as trained).
     pub vocab_size: u64,
@@ -135,16 +135,16 @@ pub struct ModelCard {
     #[serde(default)]
     pub attention_sinks: bool,
     /// Sliding-window size of the local attention layers (gpt-oss: 128); absent for full attention.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u64>,
     /// Every n-th layer uses full attention when `slidingWindow` is set (gpt-oss: 2).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub full_attention_every: Option<u32>,
     /// Mixture-of-experts settings; absent for dense models.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
     /// Multi-head latent attention settings; absent for standard attention.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<MlaConfig>,
     /// Multi-token-prediction layers (DeepSeek-V3: 1); not counted in the headline size.
     #[serde(default)]
