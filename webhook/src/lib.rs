@@ -8,7 +8,9 @@
 //! a network.
 
 pub mod admission;
+pub mod bounds;
 pub mod client;
+pub mod gpu;
 pub mod metrics;
 pub mod pytorchjob;
 pub mod server;

@@ -12,13 +12,15 @@ use std::collections::BTreeMap;
 
 use primus_crds::annotations;
 use primus_oracle::FieldError;
-use primus_oracle::hardware::HardwareProfile;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
 use primus_oracle::model::ModelCard;
 use primus_oracle::plan::{Cluster, Scenario, Training, from_value_at};
 use primus_oracle::profiles::Catalog;
 use serde_json::Value;
+
+use crate::bounds::{self, limits};
+use crate::gpu;
 
 /// Where the layout came from: decides how a bad field is named in messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,34 +65,6 @@ impl DeriveError {
 /// The path of an annotation, as messages name it.
 pub fn annotation_field(key: &str) -> String {
     format!("metadata.annotations[{key}]")
-}
-
-/// Labels that name the GPU product on nodes, from the catalog (plus the two well-known ones).
-fn product_labels(catalog: &Catalog) -> Vec<String> {
-    let mut labels: Vec<String> = catalog
-        .hardware_profiles()
-        .map(|p| p.kubernetes.product_label.clone())
-        .collect();
-    for l in ["amd.com/gpu.product-name", "nvidia.com/gpu.product"] {
-        labels.push(l.to_string());
-    }
-    labels.sort();
-    labels.dedup();
-    labels
-}
-
-/// Extended resource names of GPUs, from the catalog (plus the two well-known ones).
-fn gpu_resources(catalog: &Catalog) -> Vec<String> {
-    let mut r: Vec<String> = catalog
-        .hardware_profiles()
-        .map(|p| p.kubernetes.resource.clone())
-        .collect();
-    for l in ["amd.com/gpu", "nvidia.com/gpu"] {
-        r.push(l.to_string());
-    }
-    r.sort();
-    r.dedup();
-    r
 }
 
 /// One replica type of the job (Master, Worker).
@@ -253,354 +227,6 @@ fn procs_per_replica(
     }
 }
 
-/// Product label values the pod's required node affinity allows, per label key.
-fn affinity_values<'a>(pod: &'a Value, label: &str) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    let terms = pod
-        .get("affinity")
-        .and_then(|a| a.get("nodeAffinity"))
-        .and_then(|a| a.get("requiredDuringSchedulingIgnoredDuringExecution"))
-        .and_then(|r| r.get("nodeSelectorTerms"))
-        .and_then(Value::as_array);
-    for term in terms.into_iter().flatten() {
-        let exprs = term.get("matchExpressions").and_then(Value::as_array);
-        for e in exprs.into_iter().flatten() {
-            if e.get("key").and_then(Value::as_str) == Some(label)
-                && e.get("operator").and_then(Value::as_str) == Some("In")
-            {
-                let values = e.get("values").and_then(Value::as_array);
-                out.extend(values.into_iter().flatten().filter_map(Value::as_str));
-            }
-        }
-    }
-    out
-}
-
-struct GpuKind {
-    profile: HardwareProfile,
-    source: String,
-    note: Option<String>,
-}
-
-/// The GPU kind: node selector, then required node affinity, then the `primus.dev/gpu`
-/// annotation, then the GPU resource name when only one profile uses it.
-fn gpu_kind(
-    pods: &[&Value],
-    annotations: &BTreeMap<String, String>,
-    resource: Option<&str>,
-    catalog: &Catalog,
-) -> Result<GpuKind, String> {
-    let labels = product_labels(catalog);
-    let mut unknown: Vec<String> = Vec::new();
-    for pod in pods {
-        if let Some(sel) = pod.get("nodeSelector").and_then(Value::as_object) {
-            for label in &labels {
-                if let Some(v) = sel.get(label).and_then(Value::as_str) {
-                    match catalog.hardware_by_product_label(v) {
-                        Some(p) => {
-                            return Ok(GpuKind {
-                                profile: p.clone(),
-                                source: format!("nodeSelector {label}={v}"),
-                                note: None,
-                            });
-                        }
-                        None => unknown.push(format!("nodeSelector {label}={v}")),
-                    }
-                }
-            }
-        }
-    }
-    for pod in pods {
-        for label in &labels {
-            let values = affinity_values(pod, label);
-            if values.is_empty() {
-                continue;
-            }
-            let mut found: Vec<&HardwareProfile> = Vec::new();
-            for v in &values {
-                match catalog.hardware_by_product_label(v) {
-                    Some(p) => {
-                        if !found.iter().any(|f| f.name == p.name) {
-                            found.push(p);
-                        }
-                    }
-                    None => unknown.push(format!("node affinity {label} In {v}")),
-                }
-            }
-            if found.is_empty() {
-                continue;
-            }
-            // The scheduler may place the job on any allowed kind: check the smallest.
-            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
-            let p = found[0];
-            let note = (found.len() > 1).then(|| {
-                format!(
-                    "node affinity allows {}: checked against the smallest, {}",
-                    found
-                        .iter()
-                        .map(|f| f.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    p.name
-                )
-            });
-            return Ok(GpuKind {
-                profile: p.clone(),
-                source: format!("node affinity {label} In [{}]", values.join(", ")),
-                note,
-            });
-        }
-    }
-    if let Some(name) = annotations.get(annotations::GPU) {
-        return match catalog.hardware(name.trim()) {
-            Some(p) => Ok(GpuKind {
-                profile: p.clone(),
-                source: format!("annotation {}={name}", annotations::GPU),
-                note: None,
-            }),
-            None => Err(format!(
-                "GPU kind: unknown hardware profile {name:?} in annotation {}; known: {}",
-                annotations::GPU,
-                catalog.hardware_names().join(", ")
-            )),
-        };
-    }
-    if !unknown.is_empty() {
-        let known: Vec<String> = catalog
-            .hardware_profiles()
-            .flat_map(|p| p.kubernetes.product_values.first().cloned())
-            .collect();
-        return Err(format!(
-            "GPU kind: no hardware profile for {} (known products: {}); or name a profile in annotation {}",
-            unknown.join(", "),
-            known.join(", "),
-            annotations::GPU
-        ));
-    }
-    let Some(resource) = resource else {
-        return Err(format!(
-            "GPU kind: no GPU resource, no nodeSelector on {} and no annotation {}",
-            labels.join(" / "),
-            annotations::GPU
-        ));
-    };
-    let candidates: Vec<&HardwareProfile> = catalog
-        .hardware_profiles()
-        .filter(|p| p.kubernetes.resource == resource)
-        .collect();
-    match candidates.as_slice() {
-        [p] => Ok(GpuKind {
-            profile: (*p).clone(),
-            source: format!("resource {resource} (the only profile using it)"),
-            note: Some(format!(
-                "GPU kind inferred from the resource {resource} alone ({}): pin it with a nodeSelector or annotation {}",
-                p.name,
-                annotations::GPU
-            )),
-        }),
-        _ => {
-            let label = candidates
-                .first()
-                .map(|p| p.kubernetes.product_label.clone())
-                .unwrap_or_else(|| "the GPU product label".into());
-            Err(format!(
-                "GPU kind: the job asks for {resource} but not which product ({}); add a nodeSelector on {label} or annotation {}",
-                candidates
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                annotations::GPU
-            ))
-        }
-    }
-}
-
-/// Upper bounds that keep the memory model's integer arithmetic far from overflow. Anything
-/// beyond them is not a real training job.
-pub(crate) mod bounds {
-    pub const LAYERS: u32 = 4096;
-    pub const HIDDEN: u64 = 1 << 17;
-    pub const FFN: u64 = 1 << 20;
-    pub const HEADS: u32 = 4096;
-    pub const VOCAB: u64 = 1 << 23;
-    pub const EXPERTS: u32 = 1 << 12;
-    pub const SEQ: u64 = 1 << 24;
-    pub const GBS: u64 = 1 << 32;
-    pub const AXIS: u32 = 1 << 16;
-    pub const WORLD: u64 = 1 << 24;
-}
-
-pub(crate) fn check_card_bounds(m: &ModelCard, at: &str) -> Result<(), DeriveError> {
-    let big = |name: &str, v: u64, max: u64| -> Result<(), DeriveError> {
-        if v > max {
-            Err(DeriveError::invalid(
-                format!("{at}{name}"),
-                format!("{v} is beyond any real model (at most {max})"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    big("layers", m.layers as u64, bounds::LAYERS as u64)?;
-    big("hiddenSize", m.hidden_size, bounds::HIDDEN)?;
-    big("ffnHiddenSize", m.ffn_hidden_size, bounds::FFN)?;
-    big(
-        "attentionHeads",
-        m.attention_heads as u64,
-        bounds::HEADS as u64,
-    )?;
-    big("kvHeads", m.kv_heads() as u64, bounds::HEADS as u64)?;
-    big("headDim", m.head_dim(), bounds::HIDDEN)?;
-    big("vocabSize", m.vocab_size, bounds::VOCAB)?;
-    big("mtpLayers", m.mtp_layers as u64, bounds::LAYERS as u64)?;
-    big("positionEmbeddings", m.position_embeddings, bounds::SEQ)?;
-    if let Some(e) = &m.moe {
-        big(
-            "moe.numExperts",
-            e.num_experts as u64,
-            bounds::EXPERTS as u64,
-        )?;
-        big("moe.topK", e.top_k as u64, bounds::EXPERTS as u64)?;
-        big("moe.moeFfnHiddenSize", e.moe_ffn_hidden_size, bounds::FFN)?;
-        big(
-            "moe.sharedExpertFfnHiddenSize",
-            e.shared_expert_ffn_hidden_size.unwrap_or(0),
-            bounds::FFN,
-        )?;
-        big(
-            "moe.sharedExperts",
-            e.shared_experts as u64,
-            bounds::EXPERTS as u64,
-        )?;
-    }
-    if let Some(a) = &m.mla {
-        big("mla.qLoraRank", a.q_lora_rank.unwrap_or(0), bounds::HIDDEN)?;
-        big("mla.kvLoraRank", a.kv_lora_rank, bounds::HIDDEN)?;
-        big("mla.qkNopeHeadDim", a.qk_nope_head_dim, bounds::HIDDEN)?;
-        big("mla.qkRopeHeadDim", a.qk_rope_head_dim, bounds::HIDDEN)?;
-        big("mla.vHeadDim", a.v_head_dim, bounds::HIDDEN)?;
-    }
-    if let Some(w) = m.sliding_window {
-        big("slidingWindow", w, bounds::SEQ)?;
-    }
-    Ok(())
-}
-
-/// Sizes of a layout against the world size, in u64 so nothing overflows; the oracle's
-/// legality rules (`Layout::check`) run after this.
-pub(crate) fn check_layout_bounds(
-    l: &Layout,
-    world: u64,
-    name: &dyn Fn(&str) -> String,
-) -> Result<(), DeriveError> {
-    for (f, v) in [
-        ("tp", l.tp),
-        ("pp", l.pp),
-        ("vpp", l.vpp),
-        ("cp", l.cp),
-        ("ep", l.ep),
-        ("etp", l.etp),
-        ("microBatchSize", l.micro_batch_size),
-    ] {
-        if v == 0 {
-            return Err(DeriveError::invalid(name(f), "must be at least 1"));
-        }
-        if v > bounds::AXIS {
-            return Err(DeriveError::invalid(
-                name(f),
-                format!("{v} is beyond any real layout (at most {})", bounds::AXIS),
-            ));
-        }
-    }
-    let mp = l.tp as u64 * l.pp as u64 * l.cp as u64;
-    if mp > world {
-        return Err(DeriveError::invalid(
-            name("tp"),
-            format!(
-                "tp*pp*cp = {}*{}*{} = {mp} exceeds the job's {world} GPUs",
-                l.tp, l.pp, l.cp
-            ),
-        ));
-    }
-    let grid = l.ep as u64 * l.etp as u64;
-    if grid > world {
-        return Err(DeriveError::invalid(
-            name("ep"),
-            format!(
-                "ep*etp = {}*{} = {grid} exceeds the job's {world} GPUs",
-                l.ep, l.etp
-            ),
-        ));
-    }
-    for (f, v) in [
-        ("firstStageLayers", l.first_stage_layers),
-        ("lastStageLayers", l.last_stage_layers),
-        ("recomputeLayers", Some(l.recompute_layers)),
-    ] {
-        if let Some(v) = v
-            && v > bounds::LAYERS
-        {
-            return Err(DeriveError::invalid(
-                name(f),
-                format!("{v} is beyond any real model (at most {})", bounds::LAYERS),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Numeric Megatron flags, bounded before the oracle turns them into a model and a layout.
-const NUMERIC_FLAGS: &[(&str, u64)] = &[
-    (flag::NUM_LAYERS, bounds::LAYERS as u64),
-    (flag::HIDDEN, bounds::HIDDEN),
-    (flag::FFN_HIDDEN, bounds::FFN),
-    (flag::HEADS, bounds::HEADS as u64),
-    (flag::QUERY_GROUPS, bounds::HEADS as u64),
-    (flag::KV_CHANNELS, bounds::HIDDEN),
-    (flag::VOCAB, bounds::VOCAB),
-    (flag::VOCAB_ALT, bounds::VOCAB),
-    (flag::NUM_EXPERTS, bounds::EXPERTS as u64),
-    (flag::MOE_TOPK, bounds::EXPERTS as u64),
-    (flag::MOE_FFN_HIDDEN, bounds::FFN),
-    (flag::MOE_SHARED_FFN, bounds::FFN),
-    (flag::MOE_FIRST_DENSE, bounds::LAYERS as u64),
-    (flag::Q_LORA, bounds::HIDDEN),
-    (flag::KV_LORA, bounds::HIDDEN),
-    (flag::QK_HEAD_DIM, bounds::HIDDEN),
-    (flag::QK_POS_HEAD_DIM, bounds::HIDDEN),
-    (flag::V_HEAD_DIM, bounds::HIDDEN),
-    (flag::MTP_LAYERS, bounds::LAYERS as u64),
-    (flag::SEQ, bounds::SEQ),
-    (flag::GBS, bounds::GBS),
-    (flag::MBS, bounds::AXIS as u64),
-    (flag::TP, bounds::AXIS as u64),
-    (flag::PP, bounds::AXIS as u64),
-    (flag::CP, bounds::AXIS as u64),
-    (flag::EP, bounds::AXIS as u64),
-    (flag::ETP, bounds::AXIS as u64),
-    (flag::VPP_SIZE, bounds::AXIS as u64),
-    (flag::VPP_LAYERS, bounds::LAYERS as u64),
-    (flag::RECOMPUTE_NUM_LAYERS, bounds::LAYERS as u64),
-    (flag::FIRST_STAGE_LAYERS, bounds::LAYERS as u64),
-    (flag::LAST_STAGE_LAYERS, bounds::LAYERS as u64),
-];
-
-fn check_flag_bounds(args: &MegatronArgs) -> Result<(), DeriveError> {
-    for &(f, max) in NUMERIC_FLAGS {
-        if let Some(v) = args.get(f)
-            && let Ok(n) = v.trim().parse::<u128>()
-            && n > max as u128
-        {
-            return Err(DeriveError::invalid(
-                f,
-                format!("{n} is beyond any real job (at most {max})"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The Megatron flag that sets a layout field (by its name in `spec.parallelism`).
 pub fn flag_for_field(field: &str) -> Option<&'static str> {
     Some(match field {
@@ -685,14 +311,14 @@ pub fn derive(
         .map(container_words)
         .unwrap_or_default();
     let args = MegatronArgs::parse(words.iter().copied());
-    check_flag_bounds(&args)?;
+    bounds::check_flags(&args).map_err(DeriveError::Invalid)?;
 
     // Model: annotations, then architecture flags.
     let card_annotation: Option<ModelCard> =
         parse_annotation(annotations, annotations::MODEL_CARD)?;
     let model = if let Some(card) = card_annotation {
         let at = annotation_field(annotations::MODEL_CARD);
-        check_card_bounds(&card, &format!("{at}."))?;
+        bounds::check_card(&card, &format!("{at}.")).map_err(DeriveError::Invalid)?;
         card.validate(&at).map_err(DeriveError::Invalid)?;
         Some(card)
     } else if let Some(name) = annotations.get(annotations::MODEL) {
@@ -710,7 +336,7 @@ pub fn derive(
     } else {
         match args.model_card().map_err(DeriveError::Invalid)? {
             Some(card) => {
-                check_card_bounds(&card, "--")?;
+                bounds::check_card(&card, "--").map_err(DeriveError::Invalid)?;
                 card.validate("megatron flags")
                     .map_err(DeriveError::Invalid)?;
                 Some(card)
@@ -756,30 +382,30 @@ pub fn derive(
                 flag::GBS.to_string()
             }
         };
-        if t.seq_length == 0 || t.seq_length > bounds::SEQ {
+        if t.seq_length == 0 || t.seq_length > limits::SEQ {
             return Err(DeriveError::invalid(
                 field("seqLength"),
                 format!(
                     "{} is not a sequence length in 1..={}",
                     t.seq_length,
-                    bounds::SEQ
+                    limits::SEQ
                 ),
             ));
         }
-        if t.global_batch_size == 0 || t.global_batch_size > bounds::GBS {
+        if t.global_batch_size == 0 || t.global_batch_size > limits::GBS {
             return Err(DeriveError::invalid(
                 field("globalBatchSize"),
                 format!(
                     "{} is not a global batch size in 1..={}",
                     t.global_batch_size,
-                    bounds::GBS
+                    limits::GBS
                 ),
             ));
         }
     }
 
     // World size and GPUs per node.
-    let resources = gpu_resources(catalog);
+    let resources = gpu::gpu_resources(catalog);
     let mut world: u64 = 0;
     let mut per_node: Option<u64> = None;
     let mut resource: Option<String> = None;
@@ -818,19 +444,19 @@ pub fn derive(
     if world_known && world == 0 {
         missing.push("world size: the replicas add up to 0 GPUs".into());
     }
-    if world > bounds::WORLD {
+    if world > limits::WORLD {
         return Err(DeriveError::invalid(
             "spec.pytorchReplicaSpecs",
             format!(
                 "replicas x nprocPerNode = {world} GPUs is beyond any real job (at most {})",
-                bounds::WORLD
+                limits::WORLD
             ),
         ));
     }
 
     // GPU kind.
     let pods: Vec<&Value> = replicas.iter().filter_map(|r| r.pod_spec).collect();
-    let gpu = match gpu_kind(&pods, annotations, resource.as_deref(), catalog) {
+    let gpu = match gpu::gpu_kind(&pods, annotations, resource.as_deref(), catalog) {
         Ok(g) => {
             notes.extend(g.note.clone());
             Some(g)
@@ -869,14 +495,14 @@ pub fn derive(
         ]));
     };
     let name = |f: &str| job_field(&format!("spec.parallelism.{f}"), layout_source);
-    check_layout_bounds(&layout, world, &name)?;
+    bounds::check_layout(&layout, world, &name).map_err(DeriveError::Invalid)?;
     let gpus_per_node = per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
     let scenario = Scenario {
         model,
         hardware: gpu.profile,
         cluster: Cluster {
             gpus: world as u32,
-            gpus_per_node: gpus_per_node.clamp(1, bounds::AXIS as u64) as u32,
+            gpus_per_node: gpus_per_node.clamp(1, limits::AXIS as u64) as u32,
         },
         training,
     };

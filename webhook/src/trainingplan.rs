@@ -10,18 +10,11 @@ use primus_oracle::plan::{SearcherKind, from_value_at};
 use primus_oracle::profiles::Catalog;
 use serde_json::Value;
 
-use crate::pytorchjob::{DeriveError, bounds, check_card_bounds, check_layout_bounds};
+use crate::bounds::{self, limits};
 use crate::validate::{Reason, Verdict, gib1};
 
 fn invalid(e: FieldError) -> Verdict {
     Verdict::deny(Reason::PlanInvalid, 422, e.to_string())
-}
-
-fn from_derive(e: DeriveError) -> Verdict {
-    match e {
-        DeriveError::Invalid(f) => invalid(f),
-        DeriveError::Missing(lines) => invalid(FieldError::new("spec", lines.join("; "))),
-    }
 }
 
 /// Values of `spec.tuning.allowed` and `spec.tuning.fixed` must be usable sizes.
@@ -42,11 +35,11 @@ fn check_tuning_lists(spec: &Value) -> Result<(), FieldError> {
             }
             for (i, v) in list.iter().enumerate() {
                 if let Some(n) = v.as_u64()
-                    && (n == 0 || n > bounds::AXIS as u64)
+                    && (n == 0 || n > limits::AXIS as u64)
                 {
                     return Err(FieldError::new(
                         format!("spec.tuning.allowed.{axis}[{i}]"),
-                        format!("{n} is not a size in 1..={}", bounds::AXIS),
+                        format!("{n} is not a size in 1..={}", limits::AXIS),
                     ));
                 }
             }
@@ -58,11 +51,11 @@ fn check_tuning_lists(spec: &Value) -> Result<(), FieldError> {
                 continue;
             }
             if let Some(n) = v.as_u64()
-                && (n == 0 || n > bounds::AXIS as u64)
+                && (n == 0 || n > limits::AXIS as u64)
             {
                 return Err(FieldError::new(
                     format!("spec.tuning.fixed.{axis}"),
-                    format!("{n} is not a size in 1..={}", bounds::AXIS),
+                    format!("{n} is not a size in 1..={}", limits::AXIS),
                 ));
             }
         }
@@ -87,35 +80,35 @@ pub fn validate(name: &str, data: &Value, catalog: &Catalog) -> Verdict {
         Err(e) => return invalid(e),
     };
     if let Some(card) = &oracle_spec.model.card
-        && let Err(e) = check_card_bounds(card, "spec.model.card.")
+        && let Err(e) = bounds::check_card(card, "spec.model.card.")
     {
-        return from_derive(e);
+        return invalid(e);
     }
     let t = &oracle_spec.training;
-    if t.seq_length > bounds::SEQ {
+    if t.seq_length > limits::SEQ {
         return invalid(FieldError::new(
             "spec.training.seqLength",
             format!(
                 "{} is beyond any real job (at most {})",
                 t.seq_length,
-                bounds::SEQ
+                limits::SEQ
             ),
         ));
     }
-    if t.global_batch_size > bounds::GBS {
+    if t.global_batch_size > limits::GBS {
         return invalid(FieldError::new(
             "spec.training.globalBatchSize",
             format!(
                 "{} is beyond any real job (at most {})",
                 t.global_batch_size,
-                bounds::GBS
+                limits::GBS
             ),
         ));
     }
-    if oracle_spec.cluster.gpus as u64 > bounds::WORLD {
+    if oracle_spec.cluster.gpus as u64 > limits::WORLD {
         return invalid(FieldError::new(
             "spec.cluster.gpus",
-            format!("is beyond any real job (at most {})", bounds::WORLD),
+            format!("is beyond any real job (at most {})", limits::WORLD),
         ));
     }
     let plan = match oracle_spec.resolve(name, catalog) {
@@ -126,8 +119,8 @@ pub fn validate(name: &str, data: &Value, catalog: &Catalog) -> Verdict {
         return Verdict::allow(Reason::PlanValid);
     };
     let field = |f: &str| format!("spec.parallelism.{f}");
-    if let Err(e) = check_layout_bounds(layout, plan.scenario.cluster.gpus as u64, &field) {
-        return from_derive(e);
+    if let Err(e) = bounds::check_layout(layout, plan.scenario.cluster.gpus as u64, &field) {
+        return invalid(e);
     }
     if let Err(e) = layout.check(&plan.scenario) {
         return invalid(FieldError::new(

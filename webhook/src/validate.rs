@@ -196,7 +196,12 @@ impl Validator {
     /// `(weights 38.1, grads 19.0, optimizer 28.6, activations 121.7, other 4.0)` of the
     /// bottleneck stage.
     fn breakdown(m: &MemoryCheck) -> String {
-        match m.report.stages.iter().find(|st| u64::from(st.stage) == m.stage) {
+        match m
+            .report
+            .stages
+            .iter()
+            .find(|st| u64::from(st.stage) == m.stage)
+        {
             Some(st) => format!(
                 "(weights {}, grads {}, optimizer {}, activations {}, other {})",
                 gib1(st.weights_bytes),

@@ -1,0 +1,204 @@
+//! The GPU kind of a PyTorchJob: node selector and required node affinity on the GPU product
+//! label (`amd.com/gpu.product-name`, `nvidia.com/gpu.product`), the `primus.dev/gpu`
+//! annotation, or the GPU resource name when only one hardware profile uses it.
+
+use std::collections::BTreeMap;
+
+use primus_crds::annotations;
+use primus_oracle::hardware::HardwareProfile;
+use primus_oracle::profiles::Catalog;
+use serde_json::Value;
+
+/// Labels that name the GPU product on nodes, from the catalog (plus the two well-known ones).
+pub fn product_labels(catalog: &Catalog) -> Vec<String> {
+    let mut labels: Vec<String> = catalog
+        .hardware_profiles()
+        .map(|p| p.kubernetes.product_label.clone())
+        .collect();
+    for l in ["amd.com/gpu.product-name", "nvidia.com/gpu.product"] {
+        labels.push(l.to_string());
+    }
+    labels.sort();
+    labels.dedup();
+    labels
+}
+
+/// Extended resource names of GPUs, from the catalog (plus the two well-known ones).
+pub fn gpu_resources(catalog: &Catalog) -> Vec<String> {
+    let mut r: Vec<String> = catalog
+        .hardware_profiles()
+        .map(|p| p.kubernetes.resource.clone())
+        .collect();
+    for l in ["amd.com/gpu", "nvidia.com/gpu"] {
+        r.push(l.to_string());
+    }
+    r.sort();
+    r.dedup();
+    r
+}
+
+/// Product label values the pod's required node affinity allows, per label key.
+fn affinity_values<'a>(pod: &'a Value, label: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let terms = pod
+        .get("affinity")
+        .and_then(|a| a.get("nodeAffinity"))
+        .and_then(|a| a.get("requiredDuringSchedulingIgnoredDuringExecution"))
+        .and_then(|r| r.get("nodeSelectorTerms"))
+        .and_then(Value::as_array);
+    for term in terms.into_iter().flatten() {
+        let exprs = term.get("matchExpressions").and_then(Value::as_array);
+        for e in exprs.into_iter().flatten() {
+            if e.get("key").and_then(Value::as_str) == Some(label)
+                && e.get("operator").and_then(Value::as_str) == Some("In")
+            {
+                let values = e.get("values").and_then(Value::as_array);
+                out.extend(values.into_iter().flatten().filter_map(Value::as_str));
+            }
+        }
+    }
+    out
+}
+
+/// The GPU kind of a job and where it came from.
+pub struct GpuKind {
+    pub profile: HardwareProfile,
+    /// How it was found, e.g. `nodeSelector amd.com/gpu.product-name=AMD_Instinct_MI300X`.
+    pub source: String,
+    /// Something to tell the user (several kinds allowed, inferred from the resource alone).
+    pub note: Option<String>,
+}
+
+/// The GPU kind: node selector, then required node affinity, then the `primus.dev/gpu`
+/// annotation, then the GPU resource name when only one profile uses it.
+pub fn gpu_kind(
+    pods: &[&Value],
+    annotations: &BTreeMap<String, String>,
+    resource: Option<&str>,
+    catalog: &Catalog,
+) -> Result<GpuKind, String> {
+    let labels = product_labels(catalog);
+    let mut unknown: Vec<String> = Vec::new();
+    for pod in pods {
+        if let Some(sel) = pod.get("nodeSelector").and_then(Value::as_object) {
+            for label in &labels {
+                if let Some(v) = sel.get(label).and_then(Value::as_str) {
+                    match catalog.hardware_by_product_label(v) {
+                        Some(p) => {
+                            return Ok(GpuKind {
+                                profile: p.clone(),
+                                source: format!("nodeSelector {label}={v}"),
+                                note: None,
+                            });
+                        }
+                        None => unknown.push(format!("nodeSelector {label}={v}")),
+                    }
+                }
+            }
+        }
+    }
+    for pod in pods {
+        for label in &labels {
+            let values = affinity_values(pod, label);
+            if values.is_empty() {
+                continue;
+            }
+            let mut found: Vec<&HardwareProfile> = Vec::new();
+            for v in &values {
+                match catalog.hardware_by_product_label(v) {
+                    Some(p) => {
+                        if !found.iter().any(|f| f.name == p.name) {
+                            found.push(p);
+                        }
+                    }
+                    None => unknown.push(format!("node affinity {label} In {v}")),
+                }
+            }
+            if found.is_empty() {
+                continue;
+            }
+            // The scheduler may place the job on any allowed kind: check the smallest.
+            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
+            let p = found[0];
+            let note = (found.len() > 1).then(|| {
+                format!(
+                    "node affinity allows {}: checked against the smallest, {}",
+                    found
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    p.name
+                )
+            });
+            return Ok(GpuKind {
+                profile: p.clone(),
+                source: format!("node affinity {label} In [{}]", values.join(", ")),
+                note,
+            });
+        }
+    }
+    if let Some(name) = annotations.get(annotations::GPU) {
+        return match catalog.hardware(name.trim()) {
+            Some(p) => Ok(GpuKind {
+                profile: p.clone(),
+                source: format!("annotation {}={name}", annotations::GPU),
+                note: None,
+            }),
+            None => Err(format!(
+                "GPU kind: unknown hardware profile {name:?} in annotation {}; known: {}",
+                annotations::GPU,
+                catalog.hardware_names().join(", ")
+            )),
+        };
+    }
+    if !unknown.is_empty() {
+        let known: Vec<String> = catalog
+            .hardware_profiles()
+            .flat_map(|p| p.kubernetes.product_values.first().cloned())
+            .collect();
+        return Err(format!(
+            "GPU kind: no hardware profile for {} (known products: {}); or name a profile in annotation {}",
+            unknown.join(", "),
+            known.join(", "),
+            annotations::GPU
+        ));
+    }
+    let Some(resource) = resource else {
+        return Err(format!(
+            "GPU kind: no GPU resource, no nodeSelector on {} and no annotation {}",
+            labels.join(" / "),
+            annotations::GPU
+        ));
+    };
+    let candidates: Vec<&HardwareProfile> = catalog
+        .hardware_profiles()
+        .filter(|p| p.kubernetes.resource == resource)
+        .collect();
+    match candidates.as_slice() {
+        [p] => Ok(GpuKind {
+            profile: (*p).clone(),
+            source: format!("resource {resource} (the only profile using it)"),
+            note: Some(format!(
+                "GPU kind inferred from the resource {resource} alone ({}): pin it with a nodeSelector or annotation {}",
+                p.name,
+                annotations::GPU
+            )),
+        }),
+        _ => {
+            let label = candidates
+                .first()
+                .map(|p| p.kubernetes.product_label.clone())
+                .unwrap_or_else(|| "the GPU product label".into());
+            Err(format!(
+                "GPU kind: the job asks for {resource} but not which product ({}); add a nodeSelector on {label} or annotation {}",
+                candidates
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                annotations::GPU
+            ))
+        }
+    }
+}
