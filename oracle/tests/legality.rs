@@ -707,3 +707,44 @@ fn explicit_layout_layer_ranges() {
     let last = l.virtual_stage(61, 1, 7, 3);
     assert!(last.loss && last.mtp == 1 && last.layers == 0);
 }
+
+#[test]
+fn fsdp_excludes_pipeline_and_expert_parallelism() {
+    let s = llama70(64);
+    let e = broken(
+        &s,
+        Layout {
+            pp: 2,
+            fsdp: true,
+            ..Layout::default()
+        },
+    );
+    expect(
+        e,
+        "fsdp-no-pp",
+        "spec.parallelism.fsdp",
+        "FSDP does not support pipeline parallelism (pp = 2)",
+    );
+    let moe = scenario("mixtral-8x7b", 64, 4096, 256);
+    let e = broken(
+        &moe,
+        Layout {
+            ep: 8,
+            fsdp: true,
+            ..Layout::default()
+        },
+    );
+    expect(
+        e,
+        "fsdp-no-ep",
+        "spec.parallelism.fsdp",
+        "FSDP does not support expert parallelism (ep = 8)",
+    );
+    Layout {
+        tp: 2,
+        fsdp: true,
+        ..Layout::default()
+    }
+    .check(&s)
+    .unwrap();
+}

@@ -67,6 +67,38 @@ impl Layout {
         self.check_batch(s)?;
         self.check_schedule(s)?;
         self.check_recompute(s)?;
+        self.check_sharding()?;
+        Ok(())
+    }
+
+    /// Megatron's torch FSDP2 path (`--use-torch-fsdp2`) shards whole layers over the data
+    /// parallel group and supports neither pipeline nor expert parallelism (Megatron-LM ROCm
+    /// README, "FSDP-v2 is not supported with pipeline parallelism, expert parallelism, MCore's
+    /// distributed optimizer"); it replaces the distributed optimizer.
+    fn check_sharding(&self) -> Result<(), LayoutError> {
+        if !self.fsdp {
+            return Ok(());
+        }
+        if self.pp > 1 {
+            return fail(
+                "fsdp-no-pp",
+                "fsdp",
+                format!(
+                    "FSDP does not support pipeline parallelism (pp = {})",
+                    self.pp
+                ),
+            );
+        }
+        if self.ep > 1 {
+            return fail(
+                "fsdp-no-ep",
+                "fsdp",
+                format!(
+                    "FSDP does not support expert parallelism (ep = {})",
+                    self.ep
+                ),
+            );
+        }
         Ok(())
     }
 
