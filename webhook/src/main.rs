@@ -131,6 +131,11 @@ struct Args {
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace: f64,
 
+    /// Seconds to keep serving after SIGTERM with /readyz failing, so endpoints stop routing
+    /// here before the listener closes (a few seconds in a cluster).
+    #[arg(long, env = "PRIMUS_WEBHOOK_SHUTDOWN_DELAY", default_value_t = 0.0)]
+    shutdown_delay: f64,
+
     /// Log format (level from RUST_LOG, default info).
     #[arg(long, value_enum, default_value = "auto")]
     log_format: LogFormat,
@@ -192,6 +197,13 @@ async fn main() -> Result<()> {
     let reload = seconds(args.cert_reload_interval, "cert-reload-interval")?;
     let resync = seconds(args.ca_bundle_resync, "ca-bundle-resync")?;
     let grace = seconds(args.shutdown_grace, "shutdown-grace")?;
+    if !(args.shutdown_delay.is_finite() && args.shutdown_delay >= 0.0) {
+        bail!(
+            "--shutdown-delay: must be a non-negative number of seconds, got {}",
+            args.shutdown_delay
+        );
+    }
+    let delay = Duration::from_secs_f64(args.shutdown_delay);
     if args.budget_ms == 0 {
         bail!("--budget-ms: must be greater than 0");
     }
@@ -323,6 +335,13 @@ async fn main() -> Result<()> {
     tokio::spawn(async move {
         shutdown_signal().await;
         signal_state.set_ready(false);
+        if !delay.is_zero() {
+            tracing::info!(
+                seconds = delay.as_secs_f64(),
+                "not ready; serving on until endpoints drop this pod"
+            );
+            tokio::time::sleep(delay).await;
+        }
         let _ = stop_tx.send(true);
     });
     server::serve_tls(listener, tls_config, state, wait_stop(stop_rx), grace).await;

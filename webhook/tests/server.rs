@@ -196,6 +196,34 @@ fn sigterm_stops_it_gracefully() {
 }
 
 #[test]
+fn during_the_shutdown_delay_it_serves_but_is_not_ready() {
+    let mut w = WebhookProcess::self_signed(&["--shutdown-delay", "2"], &[]);
+    let ca = w.ca();
+    w.wait_ready(&ca);
+    let pid = w.child.as_ref().unwrap().id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let not_ready = primus_tests::wait_for(Duration::from_secs(2), "/readyz to fail", || {
+        https(w.addr(), &ca, "GET", "/readyz", None)
+            .ok()
+            .filter(|a| a.status == 503)
+    });
+    assert_eq!(&not_ready.body[..], b"not ready\n");
+    let a = https(
+        w.addr(),
+        &ca,
+        "POST",
+        "/validate/pytorchjob",
+        Some(oom_review()),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200, "admissions are still answered");
+    let status = w
+        .stop(Duration::from_secs(10))
+        .expect("exits after the delay");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
 fn plain_metrics_port_serves_only_operations_endpoints() {
     let mport = free_port();
     let listen = format!("127.0.0.1:{mport}");
