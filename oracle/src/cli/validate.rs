@@ -39,6 +39,18 @@ fn num(v: Option<f64>, metric: Metric) -> String {
     }
 }
 
+/// A layout label with a long pipeline-layout string cut to its stage count.
+fn short_layout(label: &str) -> String {
+    label
+        .split(' ')
+        .map(|part| match part.strip_prefix("layout=") {
+            Some(pl) if pl.len() > 16 => format!("layout({} stages)", pl.split('|').count()),
+            _ => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The human table.
 pub fn table(r: &Report) -> String {
     let mut out = format!(
@@ -63,7 +75,7 @@ pub fn table(r: &Report) -> String {
             row.model,
             row.gpu,
             row.gpus,
-            row.layout,
+            short_layout(&row.layout),
             num(row.measured, row.metric),
             num(row.projected, row.metric),
             pct(row.error),
