@@ -729,8 +729,14 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
                 bwd.tp += head_tp_b;
                 wgt += head.wgrad;
                 flops += head.model_flops_forward;
-                params.0 +=
-                    (card.output_params() as f64) / l.tp as f64 + card.final_norm_params() as f64;
+                // The output layer's weights; a tied one is the embedding, already counted when
+                // it lives on the same stage (Megatron keeps a copy on the last stage otherwise).
+                let output = if card.tied_embeddings && st.embedding {
+                    0.0
+                } else {
+                    card.output_params() as f64 / l.tp as f64
+                };
+                params.0 += output + card.final_norm_params() as f64;
             }
             if st.mtp > 0 {
                 // Each MTP module: a decoder layer of the last layer's kind plus its own
@@ -799,7 +805,7 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     let overhead = hw.efficiency.kernel_overhead_us * MICROSECOND;
     let edp = (gpus / l.pp.max(1) / (l.ep * l.etp).max(1)).max(1) as f64;
     let dp_cp = (dp * l.cp) as f64;
-    let mut best = (f64::MIN, 0usize, 0.0, 0.0, 0.0);
+    let mut best = (f64::MIN, 0usize, 0.0, 0.0);
     for r in 0..pp {
         let tl = w.sim.ranks()[r];
         let mut grad_finish: f64 = 0.0;
@@ -861,10 +867,10 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
             + OPTIMIZER_KERNELS * overhead;
         let finish = tl.end + grad_exposed + ag_exposed + optimizer;
         if finish > best.0 {
-            best = (finish, r, grad_exposed + ag_exposed, optimizer, 0.0);
+            best = (finish, r, grad_exposed + ag_exposed, optimizer);
         }
     }
-    let (finish, critical, dp_exposed, optimizer, _) = best;
+    let (finish, critical, dp_exposed, optimizer) = best;
     let other = hw.efficiency.step_overhead_ms * 1e-3;
     let step = finish + other;
 
