@@ -667,15 +667,23 @@ fn time_model(s: &Scenario, l: &Layout, timer: &dyn OpTimer, w: &mut Workspace) 
     w.recompute.clear();
     w.recompute.resize(nvs, 0.0);
     let mut model_flops_all = 0.0;
-    let dense_params = card.layer_params(LayerKind::Dense);
-    let moe_params = card.layer_params(LayerKind::Moe);
-    let params_of = |k: LayerKind| -> (f64, f64) {
-        let p = if k == LayerKind::Moe {
-            &moe_params
-        } else {
-            &dense_params
-        };
+    // (non-expert, expert) parameters one GPU holds per layer of each kind.
+    let per_gpu = |k: LayerKind| -> (f64, f64) {
+        let p = card.layer_params(k);
         (p.non_expert_per_gpu(l.tp), p.experts_per_gpu(l.ep, l.etp))
+    };
+    let dense_params = per_gpu(LayerKind::Dense);
+    let moe_params = if card.moe.is_some() {
+        per_gpu(LayerKind::Moe)
+    } else {
+        dense_params
+    };
+    let params_of = |k: LayerKind| -> (f64, f64) {
+        if k == LayerKind::Moe {
+            moe_params
+        } else {
+            dense_params
+        }
     };
     for r in 0..pp {
         for c in 0..vpp {
