@@ -47,6 +47,9 @@ impl State {
     }
 }
 
+/// How long a request body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Rejection: the body is larger than the limit.
 #[derive(Debug)]
 struct TooLarge(u64);
@@ -75,7 +78,21 @@ where
     }
     let mut stream = std::pin::pin!(stream);
     let mut out: Vec<u8> = Vec::with_capacity(len.unwrap_or(0).min(limit) as usize);
-    while let Some(chunk) = stream.next().await {
+    // A client that stops sending mid-body does not hold a connection and its buffer forever.
+    let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
+    loop {
+        let next = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                return Err(warp::reject::custom(BodyError(format!(
+                    "not received within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ))));
+            }
+        };
+        let Some(chunk) = next else {
+            break;
+        };
         let mut chunk = chunk.map_err(|e| warp::reject::custom(BodyError(e.to_string())))?;
         if out.len() as u64 + chunk.remaining() as u64 > limit {
             return Err(warp::reject::custom(TooLarge(limit)));

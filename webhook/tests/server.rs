@@ -130,6 +130,50 @@ fn bodies_over_the_limit_get_413() {
     );
 }
 
+/// Send raw HTTP/1.1 bytes over TLS and read the answer until the server closes.
+fn raw_tls(w: &WebhookProcess, ca: &[u8], request: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = primus_webhook::client::client_config(ca).unwrap();
+    let addr = w.addr();
+    block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tls.write_all(&request).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
+
+#[test]
+fn chunked_bodies_without_content_length_are_limited_too() {
+    let mut w = WebhookProcess::self_signed(&["--max-body-bytes", "2000"], &[]);
+    let ca = w.ca();
+    w.wait_ready(&ca);
+    let mut req = b"POST /validate/pytorchjob HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    for _ in 0..3 {
+        req.extend_from_slice(format!("{:x}\r\n", 1000).as_bytes());
+        req.extend_from_slice(&[b' '; 1000]);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    let answer = raw_tls(&w, &ca, req);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // A small chunked body is read whole (and is not an AdmissionReview).
+    let mut req = b"POST /validate/pytorchjob HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    req.extend_from_slice(b"2\r\n{}\r\n0\r\n\r\n");
+    let answer = raw_tls(&w, &ca, req);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("the request body is not an AdmissionReview"),
+        "{answer}"
+    );
+}
+
 #[test]
 fn certificate_files_are_reloaded_when_they_change() {
     let dir = tempfile::tempdir().unwrap();
