@@ -168,7 +168,7 @@ fn default_job_has_the_kubeflow_shape_and_the_layout() {
         );
         let a = args(&c);
         let parsed = MegatronArgs::parse(a.iter().map(String::as_str));
-        let mut back = parsed.layout(s.model.layers).unwrap();
+        let mut back = parsed.layout(&s.model).unwrap();
         back.etp = l.etp;
         assert_eq!(back, l, "args {a:?}");
         assert_eq!(parsed.training().unwrap(), Some(s.training));
@@ -256,6 +256,7 @@ fn template_is_merged_without_tracking_labels_and_with_its_own_args() {
                                         "--sequence-parallel",
                                         "--micro-batch-size=7",
                                         "--num-layers-per-virtual-pipeline-stage", "4",
+                                        "--pipeline-model-parallel-layout", "Et|(tt|)*39L",
                                         "--lr", "3e-4"
                                     ],
                                     "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
@@ -326,8 +327,12 @@ fn template_is_merged_without_tracking_labels_and_with_its_own_args() {
             !a.iter()
                 .any(|x| x == "--num-layers-per-virtual-pipeline-stage")
         );
+        assert!(
+            !a.iter().any(|x| x == "--pipeline-model-parallel-layout"),
+            "the template's explicit pipeline layout goes with its split: {a:?}"
+        );
         let parsed = MegatronArgs::parse(a.iter().map(String::as_str));
-        let mut back = parsed.layout(s.model.layers).unwrap();
+        let mut back = parsed.layout(&s.model).unwrap();
         back.etp = l.etp;
         assert_eq!(back, l);
     }
@@ -366,7 +371,7 @@ fn a_spec_only_template_with_a_shell_script_gets_the_flags_in_the_script() {
         "{script}"
     );
     let parsed = MegatronArgs::parse(["bash", "-c", script.as_str()]);
-    let back = parsed.layout(s.model.layers).unwrap();
+    let back = parsed.layout(&s.model).unwrap();
     assert_eq!((back.tp, back.pp), (8, 2), "{script}");
 }
 

@@ -18,6 +18,7 @@
 //! A test checks the bound against the full projection over many layouts.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
 use crate::layout::{Layout, Recompute, Schedule};
@@ -38,10 +39,40 @@ struct Key {
     tp_comm_overlap: bool,
 }
 
+/// A fast hasher for small integer keys (multiply-rotate, as rustc's FxHasher): the cache is
+/// read once per candidate structure and micro-batch size.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64);
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type Cache = HashMap<Key, Option<(f64, f64)>, BuildHasherDefault<KeyHasher>>;
+
 /// Per-micro-batch work of the whole model (seconds) and the per-step overhead, by compute key.
 #[derive(Debug, Default)]
 pub struct ThroughputBound {
-    cache: RwLock<HashMap<Key, Option<(f64, f64)>>>,
+    cache: RwLock<Cache>,
 }
 
 impl ThroughputBound {

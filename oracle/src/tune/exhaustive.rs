@@ -96,46 +96,30 @@ impl Exhaustive {
         }
     }
 
-    /// One task: structures that share the pipeline shape and the data-parallel size, so at a
-    /// given micro-batch size they share the number of micro-batches and the schedule
-    /// simulator's cached pass order serves them all. Micro-batch sizes outside, structures
-    /// inside.
-    fn run_group(
-        &self,
-        ctx: &Context<'_>,
-        group: &[Structure],
-        known: f64,
-        bound: &ThroughputBound,
-    ) -> Task {
+    /// One task of the unpruned search: structures that share the pipeline shape and the
+    /// data-parallel size, so at a given micro-batch size they share the number of
+    /// micro-batches and the schedule simulator's cached pass order serves them all.
+    /// Micro-batch sizes outside, structures inside.
+    fn run_group(&self, ctx: &Context<'_>, group: &[Structure]) -> Task {
         let space = ctx.space;
         let mut task = Task {
             top: TopK::new(ctx.top_k),
             stats: Stats::default(),
         };
-        let choices: Vec<Vec<RecomputeChoice>> =
-            group.iter().map(|st| space.recompute_choices(st)).collect();
-        // A structure is done once a micro-batch size fails memory with every choice.
-        let mut done: Vec<bool> = choices.iter().map(Vec::is_empty).collect();
-        let mbs_list = &space.micro_batch_size;
-        for (i, &mbs) in mbs_list.iter().enumerate() {
-            for (j, st) in group.iter().enumerate() {
-                if done[j] {
-                    continue;
-                }
-                let fits = self.run_one(ctx, st, &choices[j], mbs, known, bound, &mut task);
-                if !fits {
-                    // The most memory-saving choice failed: every larger micro-batch fails.
-                    let rest = (mbs_list.len() - i - 1) as u64;
-                    task.stats.pruned += rest * choices[j].len() as u64;
-                    done[j] = true;
+        for &mbs in &space.micro_batch_size {
+            for st in group {
+                let choices = space.recompute_choices(st);
+                if !choices.is_empty() {
+                    self.run_one(ctx, st, &choices, mbs, 0.0, None, &mut task);
                 }
             }
         }
         task
     }
 
-    /// One structure at one micro-batch size; false when pruning found that nothing of this
-    /// micro-batch size fits (so no larger one does).
+    /// One structure at one micro-batch size (`upper`: the throughput bound of its compute
+    /// key); false when pruning found that nothing of this micro-batch size fits (so no larger
+    /// one does).
     #[allow(clippy::too_many_arguments)]
     fn run_one(
         &self,
@@ -144,7 +128,7 @@ impl Exhaustive {
         choices: &[RecomputeChoice],
         mbs: u32,
         known: f64,
-        bound: &ThroughputBound,
+        upper: Option<f64>,
         task: &mut Task,
     ) -> bool {
         let space = ctx.space;
@@ -156,12 +140,8 @@ impl Exhaustive {
                 t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
                 _ => known,
             };
-            let none = RecomputeChoice {
-                recompute: Recompute::None,
-                layers: 0,
-            };
             if threshold > 0.0
-                && let Some(ub) = bound.upper(ctx, &space.layout(st, mbs, none))
+                && let Some(ub) = upper
                 && ub * (1.0 + BOUND_MARGIN) < threshold
             {
                 task.stats.pruned += family;
@@ -257,23 +237,180 @@ fn groups(structures: Vec<Structure>) -> Vec<Vec<Structure>> {
     map.into_values().collect()
 }
 
+/// A structure and micro-batch size worth projecting, with its throughput bound.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    structure: usize,
+    mbs: u32,
+    upper: f64,
+}
+
+/// Candidates projected per round of the best-first phase: the bar rises between rounds only,
+/// so what is projected does not depend on thread timing.
+const ROUND: usize = 64;
+
+impl Exhaustive {
+    /// Phase 1 of the pruned search, for one structure: the micro-batch sizes that pass the
+    /// rules, whose most memory-saving choice fits, and whose bound clears `known`.
+    fn screen(
+        &self,
+        ctx: &Context<'_>,
+        index: usize,
+        st: &Structure,
+        choices: &[RecomputeChoice],
+        known: f64,
+        bound: &ThroughputBound,
+    ) -> (Stats, Vec<Candidate>) {
+        let space = ctx.space;
+        let s = ctx.scenario;
+        let mut stats = Stats::default();
+        let mut out = Vec::new();
+        let Some(&most_saving) = choices.last() else {
+            return (stats, out);
+        };
+        let family = choices.len() as u64;
+        let none = RecomputeChoice {
+            recompute: Recompute::None,
+            layers: 0,
+        };
+        let mbs_list = &space.micro_batch_size;
+        for (i, &mbs) in mbs_list.iter().enumerate() {
+            let first = space.layout(st, mbs, choices[0]);
+            if let Err(r) = ctx.filter.rules(s, &first) {
+                stats.reject(s, &first, &r, family);
+                ctx.progress.add(family, 0);
+                continue;
+            }
+            let most = space.layout(st, mbs, most_saving);
+            if let Err(r) = ctx.filter.memory(s, &most) {
+                // Nothing of this micro-batch size fits, nor of any larger one.
+                stats.reject(s, &most, &r, 1);
+                ctx.progress.add(1, 0);
+                stats.pruned += family - 1 + (mbs_list.len() - i - 1) as u64 * family;
+                break;
+            }
+            let upper = bound
+                .upper(ctx, &space.layout(st, mbs, none))
+                .unwrap_or(f64::INFINITY);
+            if upper * (1.0 + BOUND_MARGIN) < known {
+                stats.pruned += family;
+                continue;
+            }
+            out.push(Candidate {
+                structure: index,
+                mbs,
+                upper,
+            });
+        }
+        (stats, out)
+    }
+
+    /// The pruned search: screen every structure (in parallel), then project the candidates
+    /// best bound first, in rounds, until the next bound falls below the k-th best found.
+    fn search_pruned(&self, ctx: &Context<'_>) -> Outcome {
+        // The seed planner's k-th best is the first bar the bound must clear.
+        let warm = non_dominated(ctx, SeedPlanner::default().search(ctx).top);
+        let known = warm
+            .get(ctx.top_k.max(1) - 1)
+            .map_or(0.0, |c| c.tokens_per_second());
+        let bound = ThroughputBound::new();
+        let structures = ctx.space.structures(ctx.scenario);
+        let choices: Vec<Vec<RecomputeChoice>> = structures
+            .par_iter()
+            .map(|st| ctx.space.recompute_choices(st))
+            .collect();
+        ctx.progress.set_total(structures.len() as u64);
+        let screened: Vec<(Stats, Vec<Candidate>)> = structures
+            .par_iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let r = self.screen(ctx, i, st, &choices[i], known, &bound);
+                ctx.progress.step(1);
+                r
+            })
+            .collect();
+        let mut stats = Stats::default();
+        let mut candidates = Vec::new();
+        for (st, c) in screened {
+            stats.merge(&st);
+            candidates.extend(c);
+        }
+        candidates.sort_by(|a, b| {
+            b.upper
+                .total_cmp(&a.upper)
+                .then(a.structure.cmp(&b.structure))
+                .then(a.mbs.cmp(&b.mbs))
+        });
+        ctx.progress
+            .set_total((structures.len() + candidates.len()) as u64);
+        let mut top = TopK::new(ctx.top_k);
+        let mut next = 0;
+        while next < candidates.len() {
+            let bar = match top.as_slice() {
+                t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
+                _ => known,
+            };
+            if candidates[next].upper * (1.0 + BOUND_MARGIN) < bar {
+                // Sorted by bound: nothing left can enter the top list.
+                stats.pruned += candidates[next..]
+                    .iter()
+                    .map(|c| choices[c.structure].len() as u64)
+                    .sum::<u64>();
+                break;
+            }
+            let round = &candidates[next..(next + ROUND).min(candidates.len())];
+            // Candidates of one pipeline shape and micro-batch count run on one thread, one
+            // after the other: the schedule simulator keeps the pass order it built.
+            let mut by_shape: BTreeMap<_, Vec<&Candidate>> = BTreeMap::new();
+            for c in round {
+                let st = &structures[c.structure];
+                let key = (st.pp, st.vpp, st.schedule, st.tp * st.cp, c.mbs);
+                by_shape.entry(key).or_default().push(c);
+            }
+            let shapes: Vec<Vec<&Candidate>> = by_shape.into_values().collect();
+            let tasks: Vec<Task> = shapes
+                .par_iter()
+                .map(|cs| {
+                    let mut task = Task {
+                        top: TopK::new(ctx.top_k),
+                        stats: Stats::default(),
+                    };
+                    for c in cs {
+                        let st = &structures[c.structure];
+                        let family = &choices[c.structure];
+                        if c.upper * (1.0 + BOUND_MARGIN) < bar {
+                            task.stats.pruned += family.len() as u64;
+                        } else {
+                            self.run_one(ctx, st, family, c.mbs, 0.0, None, &mut task);
+                        }
+                        ctx.progress.step(1);
+                    }
+                    task
+                })
+                .collect();
+            for t in tasks {
+                stats.merge(&t.stats);
+                top = top.merge(t.top);
+            }
+            next += round.len();
+        }
+        Outcome {
+            top: top.into_vec(),
+            stats,
+            agent: None,
+        }
+    }
+}
+
 impl Searcher for Exhaustive {
     fn kind(&self) -> SearcherKind {
         SearcherKind::Exhaustive
     }
 
     fn search(&mut self, ctx: &Context<'_>) -> Outcome {
-        // The seed planner's k-th best is the first bar the bound must clear.
-        let known = if self.prune {
-            let warm = non_dominated(ctx, SeedPlanner::default().search(ctx).top);
-            match warm.get(ctx.top_k.max(1) - 1) {
-                Some(c) => c.tokens_per_second(),
-                None => 0.0,
-            }
-        } else {
-            0.0
-        };
-        let bound = ThroughputBound::new();
+        if self.prune {
+            return self.search_pruned(ctx);
+        }
         let groups = groups(ctx.space.structures(ctx.scenario));
         ctx.progress.set_total(groups.len() as u64);
         let empty = || Task {
@@ -283,7 +420,7 @@ impl Searcher for Exhaustive {
         let task = groups
             .par_iter()
             .map(|g| {
-                let t = self.run_group(ctx, g, known, &bound);
+                let t = self.run_group(ctx, g);
                 ctx.progress.step(1);
                 t
             })

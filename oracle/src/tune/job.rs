@@ -220,6 +220,7 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         flag::RECOMPUTE_NUM_LAYERS,
         flag::FIRST_STAGE_LAYERS,
         flag::LAST_STAGE_LAYERS,
+        flag::PIPELINE_LAYOUT,
         flag::FP8_FORMAT,
         flag::NUM_LAYERS,
         flag::HIDDEN,
@@ -265,9 +266,21 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         .collect()
 }
 
+/// The owned flags plus every flag in `ours` (what the writer is about to append), with
+/// whether each takes a value.
+fn owned_with(ours: &[String]) -> Vec<(&str, bool)> {
+    let mut owned = owned_flags();
+    for (i, w) in ours.iter().enumerate() {
+        if w.starts_with("--") && !owned.iter().any(|(f, _)| *f == w.as_str()) {
+            let takes_value = ours.get(i + 1).is_some_and(|n| !n.starts_with("--"));
+            owned.push((w.as_str(), takes_value));
+        }
+    }
+    owned
+}
+
 /// Indices of the words to keep after removing the owned flags (and their values).
-fn kept_words<S: AsRef<str>>(words: &[S]) -> Vec<usize> {
-    let owned = owned_flags();
+fn kept_words<S: AsRef<str>>(words: &[S], owned: &[(&str, bool)]) -> Vec<usize> {
     let mut keep = Vec::new();
     let mut skip_value = false;
     for (i, w) in words.iter().enumerate() {
@@ -318,7 +331,7 @@ fn rewrite_script(script: &str, flags: &[String]) -> String {
     }
     let words: Vec<&str> = pieces.iter().map(|(_, w)| w.as_str()).collect();
     let mut out = String::new();
-    for i in kept_words(&words) {
+    for i in kept_words(&words, &owned_with(flags)) {
         out.push_str(&pieces[i].0);
         out.push_str(&pieces[i].1);
     }
@@ -392,7 +405,7 @@ fn write_args(
             return Ok(());
         }
     }
-    let mut new_args: Vec<String> = kept_words(&args)
+    let mut new_args: Vec<String> = kept_words(&args, &owned_with(flags))
         .into_iter()
         .map(|i| args[i].clone())
         .collect();

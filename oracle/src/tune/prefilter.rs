@@ -162,17 +162,23 @@ pub struct Stats {
 impl Stats {
     /// Count one rejection (`count` identical candidates).
     pub fn reject(&mut self, s: &Scenario, l: &Layout, r: &Rejection, count: u64) {
+        // Look up before inserting: the keys are few, the rejections many.
+        fn bump(map: &mut BTreeMap<String, u64>, key: &str, count: u64) {
+            match map.get_mut(key) {
+                Some(v) => *v += count,
+                None => {
+                    map.insert(key.to_string(), count);
+                }
+            }
+        }
         match r {
             Rejection::Rule(e) => {
                 self.rejected_by_rules += count;
-                *self.rules.entry(e.rule.to_string()).or_default() += count;
+                bump(&mut self.rules, e.rule, count);
             }
             Rejection::Memory { stage, .. } => {
                 self.rejected_by_memory += count;
-                *self
-                    .memory
-                    .entry(memory_reason(s, l, *stage).to_string())
-                    .or_default() += count;
+                bump(&mut self.memory, memory_reason(s, l, *stage), count);
             }
         }
     }

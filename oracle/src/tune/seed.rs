@@ -188,7 +188,7 @@ impl SeedPlanner {
         }
         let sp: &Space = ctx.space;
         let mut structures = sp.structures(ctx.scenario);
-        structures.sort_by_key(|st| {
+        structures.sort_by_cached_key(|st| {
             (
                 st.sharding,
                 st.pp,
