@@ -1,28 +1,30 @@
-//! Exhaustive search: every layout of the space, one task per structure (the layout less its
-//! micro-batch size and recomputation) spread over all cores with rayon.
+//! Exhaustive search: every layout of the space (structures, i.e. layouts less their
+//! micro-batch size and recomputation, times micro-batch sizes times recompute choices),
+//! spread over all cores with rayon.
 //!
 //! Safe pruning (on by default; [`Exhaustive::prune`]) skips only candidates that provably
-//! cannot beat one the search keeps, given two properties of the model that hold by
-//! construction (and that the tests check against the unpruned search):
+//! cannot enter the top list, given properties of the model that hold by construction (and
+//! that the tests check: against the unpruned search, a brute-force loop, and the bound
+//! against the projection):
 //! - memory grows with the micro-batch size and shrinks with more recomputation: once the
 //!   most memory-saving recompute choice fails at a micro-batch size, every larger size fails;
 //!   the fewest full-recompute layers that fit are found by bisection;
 //! - recomputation only adds time: when nothing is recomputed and the layout fits, the
 //!   recomputing variants are slower; among full-recompute layer counts the fewest that fit is
 //!   the fastest;
-//! - branch and bound: [`ThroughputBound`] bounds the throughput of every layout sharing a
-//!   compute key from above, whatever its pipeline and sharding; a micro-batch size whose bound
-//!   is below the k-th best known is skipped. The k-th best known starts from the seed
-//!   planner's answer (run first, deterministic) and rises with what each task finds itself,
-//!   so the bound, and the counters, do not depend on thread timing.
+//! - branch and bound, best first: [`ThroughputBound`] bounds the throughput of every layout
+//!   sharing a compute key from above, whatever its pipeline and sharding. Phase 1 screens
+//!   every structure and micro-batch size (rules, the memory of the most memory-saving choice,
+//!   the bound against the seed planner's k-th best). Phase 2 projects the survivors in
+//!   descending order of their bound, in rounds of [`ROUND`], and stops when the next bound is
+//!   below the k-th best found: nothing after it can enter the top list. The bar rises only
+//!   between rounds, so what is projected, and every counter, is the same on any number of
+//!   threads.
 //!
 //! The top list holds the best layouts that are not dominated: a layout is left out when the
 //! same layout with less recomputation fits (it is slower by construction): nothing recomputed
 //! when that fits, else selective and the fewest full-recompute layers that fit. The unpruned
 //! search examines everything and reports the same way.
-//!
-//! The result does not depend on the number of threads: every task is deterministic and the
-//! top list is merged under a total order.
 
 use std::collections::BTreeMap;
 
