@@ -33,6 +33,7 @@ pub mod flag {
     pub const ZERO_BUBBLE: &str = "--enable-zero-bubble";
     pub const FIRST_STAGE_LAYERS: &str = "--decoder-first-pipeline-num-layers";
     pub const LAST_STAGE_LAYERS: &str = "--decoder-last-pipeline-num-layers";
+    pub const PIPELINE_LAYOUT: &str = "--pipeline-model-parallel-layout";
     pub const TP_COMM_OVERLAP: &str = "--tp-comm-overlap";
     pub const OVERLAP_GRAD_REDUCE: &str = "--overlap-grad-reduce";
     pub const OVERLAP_PARAM_GATHER: &str = "--overlap-param-gather";
@@ -108,6 +109,9 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     }
     if let Some(n) = l.last_stage_layers {
         kv(flag::LAST_STAGE_LAYERS, n.to_string());
+    }
+    if let Some(p) = &l.pipeline_layout {
+        kv(flag::PIPELINE_LAYOUT, p.to_string());
     }
     kv(flag::CP, l.cp.to_string());
     if s.model.moe.is_some() {
@@ -352,9 +356,12 @@ impl MegatronArgs {
         }
     }
 
-    /// The layout these flags describe (defaults as Megatron's: sizes 1, no recompute, no
-    /// distributed optimizer). `layers` is needed to turn layers-per-virtual-stage into VPP.
-    pub fn layout(&self, layers: u32) -> Result<Layout, FieldError> {
+    /// The layout these flags describe for `model` (defaults as Megatron's: sizes 1, no
+    /// recompute, no distributed optimizer; `--expert-tensor-parallel-size` defaults to TP for
+    /// MoE models and means nothing for dense ones). The model's layer count turns
+    /// layers-per-virtual-stage into VPP.
+    pub fn layout(&self, model: &ModelCard) -> Result<Layout, FieldError> {
+        let layers = model.layers;
         let mut l = Layout {
             sequence_parallel: self.has(flag::SP),
             distributed_optimizer: self.has(flag::DIST_OPT),
@@ -368,10 +375,16 @@ impl MegatronArgs {
         l.pp = self.num(flag::PP)?.unwrap_or(1);
         l.cp = self.num(flag::CP)?.unwrap_or(1);
         l.ep = self.num(flag::EP)?.unwrap_or(1);
-        l.etp = self.num(flag::ETP)?.unwrap_or(l.tp);
+        let default_etp = if model.moe.is_some() { l.tp } else { 1 };
+        l.etp = self.num(flag::ETP)?.unwrap_or(default_etp);
         l.micro_batch_size = self.num(flag::MBS)?.unwrap_or(1);
         l.first_stage_layers = self.num(flag::FIRST_STAGE_LAYERS)?;
         l.last_stage_layers = self.num(flag::LAST_STAGE_LAYERS)?;
+        if let Some(text) = self.get(flag::PIPELINE_LAYOUT) {
+            let parsed = crate::layout::PipelineLayout::parse(text)
+                .map_err(|e| FieldError::new(flag::PIPELINE_LAYOUT, e))?;
+            l.pipeline_layout = Some(parsed);
+        }
         if let Some(v) = self.num::<u32>(flag::VPP_SIZE)? {
             l.vpp = v;
         } else if let Some(per_chunk) = self.num::<u32>(flag::VPP_LAYERS)? {
@@ -457,7 +470,9 @@ impl MegatronArgs {
             },
         };
         let swiglu = self.has(flag::SWIGLU);
-        let ffn = self.num::<u64>(flag::FFN_HIDDEN)?.unwrap_or(4 * hidden);
+        let ffn = self
+            .num::<u64>(flag::FFN_HIDDEN)?
+            .unwrap_or(hidden.saturating_mul(4));
         let moe = match self.num::<u32>(flag::NUM_EXPERTS)? {
             None => None,
             Some(n) => {
@@ -551,6 +566,90 @@ mod tests {
         }
     }
 
+    fn llama70() -> ModelCard {
+        Catalog::builtin()
+            .unwrap()
+            .model("llama3.1-70b")
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn expert_tensor_parallel_defaults_to_tp_only_for_moe_models() {
+        let a = MegatronArgs::parse(["--tensor-model-parallel-size", "4"]);
+        assert_eq!(
+            a.layout(&llama70()).unwrap().etp,
+            1,
+            "dense: no expert grid"
+        );
+        let mixtral = Catalog::builtin()
+            .unwrap()
+            .model("mixtral-8x7b")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            a.layout(&mixtral).unwrap().etp,
+            4,
+            "MoE: Megatron's default ETP = TP"
+        );
+        let a = MegatronArgs::parse([
+            "--tensor-model-parallel-size",
+            "4",
+            "--expert-tensor-parallel-size",
+            "1",
+        ]);
+        assert_eq!(a.layout(&mixtral).unwrap().etp, 1);
+    }
+
+    #[test]
+    fn pipeline_layout_round_trips_and_bad_ones_name_the_flag() {
+        let c = Catalog::builtin().unwrap();
+        let ds = c.model("deepseek-v3").unwrap().clone();
+        let s = Scenario {
+            model: ds.clone(),
+            ..scenario("llama3.1-70b", "h100-sxm", 1024)
+        };
+        let l = Layout {
+            tp: 2,
+            pp: 8,
+            vpp: 4,
+            ep: 64,
+            schedule: Schedule::Interleaved,
+            pipeline_layout: Some(crate::layout::PipelineLayout::parse("Et|(tt|)*30mL").unwrap()),
+            ..Layout::default()
+        };
+        let args = layout_args(&s, &l);
+        assert!(
+            args.contains(&"--pipeline-model-parallel-layout".to_string()),
+            "{args:?}"
+        );
+        let back = MegatronArgs::parse(args.iter().map(String::as_str))
+            .layout(&ds)
+            .unwrap();
+        assert_eq!(back.pipeline_layout, l.pipeline_layout);
+        let bad = MegatronArgs::parse(["--pipeline-model-parallel-layout", "E(t|"]);
+        assert_eq!(
+            bad.layout(&ds).unwrap_err().field,
+            "--pipeline-model-parallel-layout"
+        );
+    }
+
+    #[test]
+    fn absurd_hidden_size_does_not_overflow() {
+        let a = MegatronArgs::parse([
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "18446744073709551615",
+            "--num-attention-heads",
+            "1",
+            "--vocab-size",
+            "10",
+        ]);
+        let card = a.model_card().unwrap().unwrap();
+        assert_eq!(card.ffn_hidden_size, u64::MAX);
+    }
+
     #[test]
     fn written_layout_flags_parse_back_to_the_same_layout() {
         let s = scenario("llama3.1-70b", "mi300x", 64);
@@ -583,9 +682,7 @@ mod tests {
         for l in cases {
             let args = layout_args(&s, &l);
             let parsed = MegatronArgs::parse(args.iter().map(String::as_str));
-            let mut back = parsed.layout(s.model.layers).unwrap();
-            // Dense models carry no EP/ETP flags; ETP defaults to 1 in the layout.
-            back.etp = l.etp;
+            let back = parsed.layout(&s.model).unwrap();
             assert_eq!(back, l, "flags {args:?}");
             assert_eq!(parsed.training().unwrap(), Some(s.training));
         }
@@ -616,7 +713,7 @@ mod tests {
             --num-layers-per-virtual-pipeline-stage 2 --sequence-parallel \
             --recompute-granularity 'selective' --seq-length 8192 --global-batch-size 128";
         let a = MegatronArgs::parse(["bash", "-c", script]);
-        let l = a.layout(80).unwrap();
+        let l = a.layout(&llama70()).unwrap();
         assert_eq!(
             (l.tp, l.pp, l.vpp),
             (4, 8, 5),
@@ -630,11 +727,14 @@ mod tests {
     #[test]
     fn bad_values_name_the_flag() {
         let a = MegatronArgs::parse(["--tensor-model-parallel-size", "four"]);
-        let e = a.layout(80).unwrap_err();
+        let e = a.layout(&llama70()).unwrap_err();
         assert_eq!(e.field, "--tensor-model-parallel-size");
         assert!(e.message.contains("\"four\""), "{e}");
         let a = MegatronArgs::parse(["--recompute-granularity", "sometimes"]);
-        assert_eq!(a.layout(80).unwrap_err().field, "--recompute-granularity");
+        assert_eq!(
+            a.layout(&llama70()).unwrap_err().field,
+            "--recompute-granularity"
+        );
         let a = MegatronArgs::parse([
             "--num-layers-per-virtual-pipeline-stage",
             "3",
@@ -642,7 +742,7 @@ mod tests {
             "8",
         ]);
         assert!(
-            a.layout(80)
+            a.layout(&llama70())
                 .unwrap_err()
                 .message
                 .contains("does not divide")

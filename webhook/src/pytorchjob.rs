@@ -473,12 +473,7 @@ pub fn derive(
         Some(l) => (Some(l), LayoutSource::Annotation),
         None => match &model {
             Some(m) => {
-                let mut l = args.layout(m.layers).map_err(DeriveError::Invalid)?;
-                // Megatron defaults --expert-tensor-parallel-size to TP, but it means nothing
-                // for a dense model (the oracle's rules reject ETP > 1 without experts).
-                if m.moe.is_none() && !args.has(flag::ETP) {
-                    l.etp = 1;
-                }
+                let l = args.layout(m).map_err(DeriveError::Invalid)?;
                 (Some(l), LayoutSource::Flags)
             }
             None => (None, LayoutSource::Flags),
