@@ -392,7 +392,7 @@ impl MegatronArgs {
                 return Err(FieldError::new(flag::VPP_LAYERS, "must be greater than 0"));
             }
             let per_stage = layers / l.pp.max(1);
-            if per_stage % per_chunk != 0 {
+            if !per_stage.is_multiple_of(per_chunk) {
                 return Err(FieldError::new(
                     flag::VPP_LAYERS,
                     format!(

@@ -443,7 +443,7 @@ impl PlanSpec {
                 "must be greater than 0",
             ));
         }
-        if gpus > gpus_per_node && gpus % gpus_per_node != 0 {
+        if gpus > gpus_per_node && !gpus.is_multiple_of(gpus_per_node) {
             return Err(FieldError::new(
                 "spec.cluster.gpus",
                 format!("{gpus} is not a multiple of gpusPerNode {gpus_per_node}"),
@@ -510,13 +510,13 @@ pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Pl
         });
     };
     let (spec, name) = if doc.contains_key("spec") {
-        if let Some(kind) = doc.get("kind") {
-            if kind != "TrainingPlan" {
-                return Err(PlanError::field(
-                    "kind",
-                    format!("expected TrainingPlan, got {kind}"),
-                ));
-            }
+        if let Some(kind) = doc.get("kind")
+            && kind != "TrainingPlan"
+        {
+            return Err(PlanError::field(
+                "kind",
+                format!("expected TrainingPlan, got {kind}"),
+            ));
         }
         if let Some(api) = doc.get("apiVersion")
             && api != "primus.dev/v1alpha1"

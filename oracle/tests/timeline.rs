@@ -41,7 +41,7 @@ fn check_xml(text: &str) -> Result<usize, String> {
                     // Attributes: name="value" pairs.
                     let attrs = &body[name.len()..];
                     let quotes = attrs.matches('"').count();
-                    if quotes % 2 != 0 {
+                    if !quotes.is_multiple_of(2) {
                         return Err(format!("unbalanced quotes in <{name}> at {i}"));
                     }
                     if stack.is_empty() {
