@@ -194,9 +194,9 @@ impl ProgressDisplay {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let (.., total) = progress.snapshot();
-            let bar = indicatif::ProgressBar::new(total.max(1));
+            let bar = indicatif::ProgressBar::new(total.max(1)).with_elapsed(start.elapsed());
             let style = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+                "{spinner} [{elapsed_precise}] {bar:20} {msg}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
             bar.set_style(style);
@@ -206,7 +206,9 @@ impl ProgressDisplay {
                 bar.set_position(done_units);
                 let rate = examined as f64 / start.elapsed().as_secs_f64().max(1e-9);
                 bar.set_message(format!(
-                    "{examined} candidates, {rate:.0}/s, best {}",
+                    "{} candidates, {}/s, best {}",
+                    short(examined as f64),
+                    short(rate),
                     best.map_or("-".into(), |b| format!("{b:.0} tok/s/GPU"))
                 ));
                 std::thread::sleep(Duration::from_millis(100));
@@ -224,6 +226,17 @@ impl ProgressDisplay {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// 1234567 -> "1.2M".
+fn short(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
     }
 }
 

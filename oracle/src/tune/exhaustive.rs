@@ -16,7 +16,7 @@
 //!   sharing a compute key from above, whatever its pipeline and sharding. Phase 1 screens
 //!   every structure and micro-batch size (rules, the memory of the most memory-saving choice,
 //!   the bound against the seed planner's k-th best). Phase 2 projects the survivors in
-//!   descending order of their bound, in rounds of [`ROUND`], and stops when the next bound is
+//!   descending order of their bound, in rounds of 64, and stops when the next bound is
 //!   below the k-th best found: nothing after it can enter the top list. The bar rises only
 //!   between rounds, so what is projected, and every counter, is the same on any number of
 //!   threads.
