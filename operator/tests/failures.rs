@@ -523,8 +523,9 @@ fn a_benchmark_pod_no_node_takes_times_out_and_counts_as_an_attempt() {
     assert_eq!(now.len(), 1, "{now:?}");
     assert!(now[0].ends_with("-2"), "{now:?}");
     // Later passes (the resync of the failed plan, the pod's own events) start nothing new.
-    k.ok(&["annotate", "tplan", "stuck", "-n", &ns.name, "test/poke=1"]);
+    // Count before poking: the pass the poke triggers may finish before the next line runs.
     let before = op.reconciles();
+    k.ok(&["annotate", "tplan", "stuck", "-n", &ns.name, "test/poke=1"]);
     rt.block_on(poll(
         Duration::from_secs(30),
         "a pass after the poke",
