@@ -114,12 +114,6 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
 }
 
 impl Evolutionary {
-    fn fitness(ctx: &Context<'_>, scorer: &mut Scorer, g: &Genome) -> f64 {
-        decode(ctx, g)
-            .and_then(|l| scorer.score(ctx, &l))
-            .map_or(0.0, |c| c.tokens_per_second())
-    }
-
     fn tournament<'p>(
         rng: &mut SplitMix64,
         scored: &'p [(f64, Genome)],
@@ -153,9 +147,23 @@ impl Searcher for Evolutionary {
         let mut stale = 0;
         let mutation = 1.5 / GENES as f64;
         for _ in 0..self.generations {
+            // Decode the generation and score its new layouts together (in parallel).
+            let decoded: Vec<Option<Layout>> = pop.iter().map(|g| decode(ctx, g)).collect();
+            let layouts: Vec<Layout> = decoded.iter().flatten().cloned().collect();
+            let mut scores = scorer.score_many(ctx, &layouts).into_iter();
             let mut scored: Vec<(f64, Genome)> = pop
                 .iter()
-                .map(|g| (Self::fitness(ctx, &mut scorer, g), *g))
+                .zip(&decoded)
+                .map(|(g, d)| {
+                    let f = match d {
+                        Some(_) => scores
+                            .next()
+                            .flatten()
+                            .map_or(0.0, |c| c.tokens_per_second()),
+                        None => 0.0,
+                    };
+                    (f, *g)
+                })
                 .collect();
             // Best first; equal fitness in genome order, so the order is reproducible.
             scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));

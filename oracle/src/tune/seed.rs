@@ -11,7 +11,9 @@
 //! so it never beats the exhaustive search.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use rayon::prelude::*;
 
 use super::space::{RecomputeChoice, Space};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, rank_cmp};
@@ -96,6 +98,61 @@ impl Scorer {
         };
         self.cache.insert(l, scored.clone());
         scored
+    }
+
+    /// [`Scorer::score`] for many layouts at once, the new ones in parallel: the same results,
+    /// counters and top list as scoring them one after the other.
+    pub fn score_many(&mut self, ctx: &Context<'_>, ls: &[Layout]) -> Vec<Option<Scored>> {
+        let normalized: Vec<Option<Layout>> = ls
+            .iter()
+            .map(|l| ctx.space.normalize(ctx.scenario, l))
+            .collect();
+        let mut misses: Vec<Layout> = Vec::new();
+        let mut seen = HashSet::new();
+        for n in normalized.iter().flatten() {
+            if !self.cache.contains_key(n) && seen.insert(n.clone()) {
+                misses.push(n.clone());
+            }
+        }
+        let resolved: Vec<(Option<Layout>, Stats)> = misses
+            .par_iter()
+            .map(|l| {
+                let mut st = Stats::default();
+                let r = ctx.fewest_recomputed(l, &mut st);
+                (r, st)
+            })
+            .collect();
+        let mut to_eval: Vec<Layout> = Vec::new();
+        let mut seen = HashSet::new();
+        for r in resolved.iter().filter_map(|(r, _)| r.as_ref()) {
+            if !self.cache.contains_key(r) && seen.insert(r.clone()) {
+                to_eval.push(r.clone());
+            }
+        }
+        let evaluated: Vec<(Option<Scored>, Stats)> = to_eval
+            .par_iter()
+            .map(|r| {
+                let mut st = Stats::default();
+                let v = ctx.evaluate(r, &mut st).ok();
+                (v, st)
+            })
+            .collect();
+        for (r, (v, st)) in to_eval.into_iter().zip(evaluated) {
+            self.stats.merge(&st);
+            if let Some(c) = &v {
+                self.top.push(c.clone());
+            }
+            self.cache.insert(r, v);
+        }
+        for (l, (r, st)) in misses.into_iter().zip(resolved) {
+            self.stats.merge(&st);
+            let v = r.and_then(|r| self.cache.get(&r).cloned().flatten());
+            self.cache.insert(l, v);
+        }
+        normalized
+            .into_iter()
+            .map(|n| n.and_then(|n| self.cache.get(&n).cloned().flatten()))
+            .collect()
     }
 }
 
@@ -244,29 +301,39 @@ impl SeedPlanner {
         None
     }
 
-    /// Score a variant; when it does not fit, the same with more recomputation (selective,
+    /// Score variants; one that does not fit is retried with more recomputation (selective,
     /// then full with the fewest layers that fit), so a sweep of the micro-batch size or the
     /// pipeline is not stopped by memory alone.
-    fn score_fitting(ctx: &Context<'_>, scorer: &mut Scorer, v: &Layout) -> Option<Scored> {
-        if let Some(c) = scorer.score(ctx, v) {
-            return Some(c);
-        }
+    fn score_fitting(ctx: &Context<'_>, scorer: &mut Scorer, vs: &[Layout]) -> Vec<Option<Scored>> {
         let sp = ctx.space;
+        let mut out = scorer.score_many(ctx, vs);
         for r in [Recompute::Selective, Recompute::Full] {
-            if r <= v.recompute || !sp.recompute.contains(&r) {
+            if !sp.recompute.contains(&r) {
                 continue;
             }
-            let mut x = v.clone();
-            x.recompute = r;
-            x.recompute_layers = match r {
-                Recompute::Full => sp.recompute_layers.unwrap_or(0),
-                _ => 0,
-            };
-            if let Some(c) = scorer.score(ctx, &x) {
-                return Some(c);
+            let idx: Vec<usize> = (0..vs.len())
+                .filter(|&i| out[i].is_none() && vs[i].recompute < r)
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let retry: Vec<Layout> = idx
+                .iter()
+                .map(|&i| {
+                    let mut x = vs[i].clone();
+                    x.recompute = r;
+                    x.recompute_layers = match r {
+                        Recompute::Full => sp.recompute_layers.unwrap_or(0),
+                        _ => 0,
+                    };
+                    x
+                })
+                .collect();
+            for (k, c) in scorer.score_many(ctx, &retry).into_iter().enumerate() {
+                out[idx[k]] = c;
             }
         }
-        None
+        out
     }
 
     /// Sweep single axes from `start` until a round improves nothing.
@@ -276,10 +343,9 @@ impl SeedPlanner {
             let mut improved = false;
             for axis in Axis::ALL {
                 let mut best = current.clone();
-                for v in variants(ctx, &current.layout, axis) {
-                    if let Some(c) = Self::score_fitting(ctx, scorer, &v)
-                        && rank_cmp(&c, &best) == Ordering::Less
-                    {
+                let vs = variants(ctx, &current.layout, axis);
+                for c in Self::score_fitting(ctx, scorer, &vs).into_iter().flatten() {
+                    if rank_cmp(&c, &best) == Ordering::Less {
                         best = c;
                     }
                 }
