@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub mod kubectl;
 pub mod node_agent;
+pub mod tools;
 pub use kubectl::Kubectl;
 
 /// The repository root.
