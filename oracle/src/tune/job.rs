@@ -64,8 +64,9 @@ pub fn default_working_dir(vendor: Vendor) -> &'static str {
     }
 }
 
-/// Arguments of the default (template-less) container besides the layout and model flags: a
-/// short run on mock data so that the job is complete and starts.
+/// Arguments of the default (template-less) container besides the layout and model flags (and
+/// `--vocab-size` for the null tokenizer): a short run on mock data so that the job is complete
+/// and starts.
 pub const DEFAULT_EXTRA_ARGS: &[&str] = &[
     "--use-mcore-models",
     "--mock-data",
@@ -502,6 +503,9 @@ fn fill_pod_template(
             Value::String(default_working_dir(s.hardware.vendor).into()),
         );
         let mut args: Vec<String> = DEFAULT_EXTRA_ARGS.iter().map(|a| a.to_string()).collect();
+        // Megatron's NullTokenizer takes its vocabulary size from --vocab-size.
+        args.push(flag::VOCAB_ALT.to_string());
+        args.push(s.model.vocab_size.to_string());
         args.extend(string_list(
             container.get("args").unwrap_or(&Value::Null),
             &format!("{cfield}.args"),
