@@ -1,0 +1,154 @@
+//! `primus validate` on measurements outside the calibration file (`tests/data/extra.csv`):
+//! the accuracy gate for runs the efficiency values were not all fitted on.
+//!
+//! Sources of the rows (each row's `source` column names the document):
+//! - XA1-XA3: AMD MI325X, Primus/Megatron, 8 nodes: the "Measured 8-Node" column of the
+//!   Primus Projection blog (AMD-AGI/Primus `docs/tech_blogs/projection/projection.md`), which
+//!   quotes AMD's ROCm performance-results page.
+//! - XA4: AMD MI355X Mixtral 8x22B BF16 4-node reference (ROCm blog "Primus Tuning Agent").
+//! - XA5, XA6: AMD MI355X DeepSeek-V3 FP8 at 256 and 1,024 GPUs (AMD-AGI/Primus
+//!   `docs/tech_blogs/moe_package_2.0/moe_package.md`, time-to-train section).
+//! - XH1-XH13: NVIDIA DGX H100, NeMo 24.09, BF16 and FP8 weak-scaling tables of
+//!   NVIDIA/dgxc-benchmarking (`llama3.1/README_{8b,70b,405b}.md`,
+//!   `nemo_megatron/README_175b.md`), seconds per iteration.
+//! - XN1-XN7: NVIDIA-NeMo/Megatron-Bridge `docs/performance-summary-archive.md` (26.02 and
+//!   25.11 rows absent from the calibration file); XN8-XN10: NVIDIA/NeMo
+//!   `docs/source/performance/performance_summary.md` (24.07).
+//!
+//! Targets, justified by the distribution after the Hopper BF16 recalibration (dense rows:
+//! median 3.7%, max 20.7%; MoE rows: median 21.6%, max 65.1%; all rows: median 6.7%):
+//! dense runs are held to the calibration file's own targets (median <= 10%, max <= 25%);
+//! MoE runs have known model gaps (forced-balanced routing in benchmarks vs the modelled
+//! load imbalance, DeepEP and overlapped expert all-to-all, newer Megatron expert kernels in
+//! the 26.02 rows), so they get a median target and an explicit, named list of rows allowed
+//! beyond 35%: any other row crossing it fails the build.
+
+use primus_oracle::profiles::Catalog;
+use primus_oracle::validate::{Metric, Report, RowResult, RowStatus, validate_text};
+
+const EXTRA: &str = include_str!("data/extra.csv");
+
+/// MoE rows whose projection is known to miss by more than 35%, with the reason.
+const KNOWN_MOE_OUTLIERS: &[(&str, &str)] = &[
+    (
+        "XN2",
+        "Qwen3-235B H100 EP32 over 8 nodes: the expert all-to-all is modelled fully exposed",
+    ),
+    (
+        "XN3",
+        "GPT-OSS 26.02 H100 MBS 1: host-bound sequential experts of the 25.11 stack modelled",
+    ),
+    (
+        "XN6",
+        "GPT-OSS 26.02 GB200 EP64: projected faster than measured, expert regime as XN3",
+    ),
+];
+
+fn report() -> Report {
+    let c = Catalog::builtin().expect("catalog");
+    validate_text(EXTRA, &c).expect("valid file")
+}
+
+fn is_moe(c: &Catalog, r: &RowResult) -> bool {
+    c.model(&r.model).expect("known model").moe.is_some()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    assert!(n > 0);
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn table(rows: &[&RowResult]) -> Vec<String> {
+    rows.iter()
+        .map(|x| format!("{} {:+.1}%", x.id, 100.0 * x.error.unwrap_or(f64::NAN)))
+        .collect()
+}
+
+#[test]
+fn extra_rows_are_all_projected() {
+    let r = report();
+    for row in &r.rows {
+        assert_eq!(row.status, RowStatus::Ok, "{} not projected", row.id);
+    }
+    assert_eq!(r.failed, 0);
+    assert_eq!(r.projected, 29);
+    // Seconds-per-iteration rows come from the dgxc-benchmarking tables.
+    let xh1 = r.rows.iter().find(|x| x.id == "XH1").expect("XH1");
+    assert_eq!(xh1.metric, Metric::SecondsPerIteration);
+    assert_eq!(xh1.measured, Some(14.72));
+    let median = r.median_abs_error.expect("median");
+    assert!(median <= 0.10, "median {median}");
+}
+
+#[test]
+fn dense_rows_meet_the_calibration_targets() {
+    let c = Catalog::builtin().expect("catalog");
+    let r = report();
+    let dense: Vec<&RowResult> = r.rows.iter().filter(|x| !is_moe(&c, x)).collect();
+    assert_eq!(dense.len(), 20);
+    let errors: Vec<f64> = dense
+        .iter()
+        .map(|x| x.error.expect("error").abs())
+        .collect();
+    let max = errors.iter().copied().fold(0.0, f64::max);
+    let t = table(&dense);
+    assert!(median(errors) <= 0.10, "{t:?}");
+    assert!(max <= 0.25, "{t:?}");
+}
+
+#[test]
+fn moe_rows_stay_within_their_targets_and_outliers_are_named() {
+    let c = Catalog::builtin().expect("catalog");
+    let r = report();
+    let moe: Vec<&RowResult> = r.rows.iter().filter(|x| is_moe(&c, x)).collect();
+    assert_eq!(moe.len(), 9);
+    let t = table(&moe);
+    let errors: Vec<f64> = moe.iter().map(|x| x.error.expect("error").abs()).collect();
+    assert!(median(errors) <= 0.30, "{t:?}");
+    for row in &moe {
+        let e = row.error.expect("error").abs();
+        let known = KNOWN_MOE_OUTLIERS.iter().any(|(id, _)| *id == row.id);
+        if known {
+            assert!(e <= 0.70, "{} {e}: {t:?}", row.id);
+        } else {
+            assert!(e <= 0.35, "{} {e} is a new MoE outlier: {t:?}", row.id);
+        }
+    }
+}
+
+#[test]
+fn amd_rows_are_within_35_percent() {
+    let r = report();
+    let amd: Vec<&RowResult> = r.rows.iter().filter(|x| x.id.starts_with("XA")).collect();
+    assert_eq!(amd.len(), 6);
+    let t = table(&amd);
+    for row in &amd {
+        assert!(row.error.expect("error").abs() <= 0.35, "{t:?}");
+    }
+    let errors: Vec<f64> = amd.iter().map(|x| x.error.expect("error").abs()).collect();
+    assert!(median(errors) <= 0.12, "{t:?}");
+}
+
+#[test]
+fn hopper_bf16_dense_rows_are_centred() {
+    // The smallest-scale dense BF16 H100 rows the Hopper gemmBf16Max was fitted on: their
+    // mean signed error stays near zero (with 0.75 it was -7%, projections too fast).
+    let r = report();
+    let ids = ["XH1", "XH3", "XH5", "XH7"];
+    let errs: Vec<f64> = ids
+        .iter()
+        .map(|id| {
+            let row = r.rows.iter().find(|x| x.id == *id).expect(id);
+            assert_eq!(row.metric, Metric::SecondsPerIteration);
+            row.error.expect("error")
+        })
+        .collect();
+    let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+    assert!(mean.abs() <= 0.05, "mean {mean}: {errs:?}");
+}
