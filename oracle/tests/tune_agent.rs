@@ -266,3 +266,54 @@ fn an_unreachable_endpoint_does_not_crash_the_run() {
     assert_eq!(r.agent.unwrap().failed_requests, 2);
     assert!(r.best.is_some());
 }
+
+#[test]
+fn the_cli_runs_the_agent_from_flags_and_the_plan() {
+    let (url, seen) = serve(vec![Answer::Content("{\"layouts\": [{\"tp\": 2}]}".into())]);
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.yaml");
+    std::fs::write(
+        &plan,
+        "spec:\n  model: {preset: mixtral-8x7b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n  tuning:\n    searcher: agent\n    agent: {model: from-plan, apiKeyEnv: PRIMUS_TEST_LLM_KEY, rounds: 2}\n",
+    )
+    .unwrap();
+    let out = assert_cmd::Command::cargo_bin("primus")
+        .unwrap()
+        .env("PRIMUS_TEST_LLM_KEY", "secret-from-env")
+        .args(["tune", "-q", "-o", "json", "--agent-endpoint", &url, "-f"])
+        .arg(&plan)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["searcher"], "agent");
+    assert_eq!(v["agent"]["rounds"], 2);
+    assert_eq!(v["agent"]["proposals"], 2);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].body["model"], "from-plan");
+    assert!(
+        seen[0]
+            .headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && v == "Bearer secret-from-env")
+    );
+    // A key variable that is not set is a bad plan, naming the field.
+    let err = assert_cmd::Command::cargo_bin("primus")
+        .unwrap()
+        .env_remove("PRIMUS_TEST_LLM_KEY")
+        .args(["tune", "--agent-endpoint", &url, "-f"])
+        .arg(&plan)
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(
+        String::from_utf8(err)
+            .unwrap()
+            .contains("spec.tuning.agent.apiKeyEnv")
+    );
+}
