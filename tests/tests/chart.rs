@@ -19,6 +19,8 @@ mod rbac;
 mod rbac_scan;
 #[path = "chart/render.rs"]
 mod render;
+#[path = "chart/webhook.rs"]
+mod webhook;
 
 use fixtures::{FULL, NON_DEFAULT, NS, RELEASE, write_values};
 use helm::{Helm, Rendered, chart_dir, repo_file};
