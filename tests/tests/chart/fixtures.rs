@@ -40,7 +40,10 @@ rbac: {aggregateToDefaultRoles: false}
 pub fn write_values(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("primus-chart-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
+    // Tests run in parallel: every call gets its own file.
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{seq}-{name}"));
     std::fs::write(&path, text).expect("values file");
     path
 }
