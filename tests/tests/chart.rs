@@ -398,3 +398,52 @@ fn image_recipes_build_what_the_chart_runs() {
         );
     }
 }
+
+#[test]
+fn helm_install_dry_run_on_the_test_bed_uses_its_capabilities_and_the_schema() {
+    let Some(tb) = testbed!() else { return };
+    let Some(helm) = Helm::find(module_path!()) else {
+        return;
+    };
+    let ns = tb.namespace("chart-install");
+    let chart = chart_dir();
+    let kubeconfig = tb.kubeconfig.to_str().unwrap().to_string();
+    let install = |extra: &[&str]| {
+        let mut args = vec![
+            "install",
+            "dry",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns.name,
+            "--kubeconfig",
+            &kubeconfig,
+            "--dry-run=server",
+        ];
+        args.extend_from_slice(extra);
+        helm.run(&args)
+    };
+    // Self-signed mode needs no cert-manager; Helm asks the API server for its capabilities.
+    let out = install(&["--set", "webhook.tls.mode=selfSigned"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("apiVersion: policy/v1beta1"),
+        "Kubernetes 1.20 has no policy/v1:\n{text}"
+    );
+    assert!(
+        !text.contains("matchConditions"),
+        "Kubernetes 1.20 has no matchConditions"
+    );
+    assert!(
+        text.contains("NOTES:") && text.contains("failurePolicy Ignore"),
+        "{text}"
+    );
+    // Bad values stop `helm install` before anything is sent, naming the value.
+    let out = install(&["--set", "webhook.failurePolicy=Sometimes"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("webhook.failurePolicy"),
+        "{}",
+        stderr(&out)
+    );
+}
