@@ -88,6 +88,10 @@ pub struct Op {
     /// Runs after the MoE dispatcher's host synchronisation (the expert section of a MoE
     /// layer), where the host must re-issue every kernel before the GPU can run it.
     pub after_sync: bool,
+    /// Work of this GPU relative to balanced routing (the busiest expert-parallel rank's
+    /// load factor, already folded into `m` and `flops` of expert GEMMs); 1 otherwise.
+    /// Model FLOPs count the balanced work: `flops / load`.
+    pub load: f64,
 }
 
 impl Op {
@@ -111,6 +115,7 @@ impl Op {
             kernels: 1.0,
             selective: false,
             after_sync: false,
+            load: 1.0,
         }
     }
 
@@ -129,7 +134,13 @@ impl Op {
             kernels,
             selective: false,
             after_sync: false,
+            load: 1.0,
         }
+    }
+
+    /// Model FLOPs of the forward pass: the work of balanced routing (`flops / load`).
+    pub fn model_flops(&self) -> f64 {
+        self.flops / self.load.max(1.0)
     }
 
     /// FLOPs of a pass.
@@ -305,8 +316,8 @@ pub struct OpTimes {
     pub attention_backward: f64,
     /// Forward GEMM time (what TP communication overlap hides behind).
     pub gemm_forward: f64,
-    /// Model FLOPs of the forward pass (GEMMs and attention core; the backward is counted as
-    /// twice the forward by the published convention).
+    /// Model FLOPs of the forward pass (GEMMs and attention core, balanced routing; the
+    /// backward is counted as twice the forward by the published convention).
     pub model_flops_forward: f64,
     /// Forward GPU time of the ops after the MoE dispatcher's host sync.
     pub after_sync_forward: f64,
@@ -331,11 +342,11 @@ impl OpTimes {
                 OpClass::Attention => {
                     t.attention_forward += f;
                     t.attention_backward += dg;
-                    t.model_flops_forward += op.flops;
+                    t.model_flops_forward += op.model_flops();
                 }
                 OpClass::Gemm | OpClass::GroupedGemm => {
                     t.gemm_forward += f;
-                    t.model_flops_forward += op.flops;
+                    t.model_flops_forward += op.model_flops();
                 }
                 OpClass::Memory => {}
             }

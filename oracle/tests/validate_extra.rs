@@ -152,3 +152,45 @@ fn hopper_bf16_dense_rows_are_centred() {
     let mean = errs.iter().sum::<f64>() / errs.len() as f64;
     assert!(mean.abs() <= 0.05, "mean {mean}: {errs:?}");
 }
+
+#[test]
+fn moe_model_flops_do_not_count_the_busiest_rank_load() {
+    // Model FLOPs (the TFLOP/s and MFU columns of the validation) are a property of the
+    // model and the batch: the busiest expert-parallel rank's extra routed tokens lengthen
+    // the step but are not model work. Mixtral 8x22B (one expert per rank at EP 8, load
+    // factor ~1.5) must report the same model FLOPs per step with and without EP.
+    use primus_oracle::layout::Layout;
+    use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+    use primus_oracle::projection::step_time;
+    let c = Catalog::builtin().expect("catalog");
+    let s = Scenario {
+        model: c.model("mixtral-8x22b").expect("model").clone(),
+        hardware: c.hardware("mi355x").expect("gpu").clone(),
+        cluster: Cluster {
+            gpus: 32,
+            gpus_per_node: 8,
+        },
+        training: Training {
+            seq_length: 8192,
+            global_batch_size: 512,
+            precision: Precision::Bf16,
+        },
+    };
+    let flops = |ep: u32| {
+        let l = Layout {
+            pp: 4,
+            ep,
+            micro_batch_size: 2,
+            ..Layout::default()
+        };
+        step_time(&s, &l).expect("projects").model_flops_per_step
+    };
+    let (balanced, ep8) = (flops(1), flops(8));
+    assert!(
+        (ep8 / balanced - 1.0).abs() < 1e-9,
+        "EP 8 {ep8} vs EP 1 {balanced}"
+    );
+    // ~6 x 39B active parameters per token plus causal attention and the output layer.
+    let per_token = balanced / (512.0 * 8192.0);
+    assert!(per_token > 2.3e11 && per_token < 2.7e11, "{per_token}");
+}

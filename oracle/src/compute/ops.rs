@@ -183,6 +183,7 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
         kernels: 1.0,
         selective: true,
         after_sync: false,
+        load: 1.0,
     });
     // Row-parallel output projection: a d_v / tp -> h.
     ops.push(Op::gemm("proj", tok, h, heads * dv / t, 1.0, true));
@@ -221,7 +222,8 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
             ops.push(Op::memory("router_scores", td * e * 4.0 * 6.0, 10.0));
             let local = (e / d.ep).max(1.0);
             // Routed copies reaching the busiest GPU's experts.
-            let routed = d.routed_tokens(k) * moe_load_imbalance(local, d.ep);
+            let load = moe_load_imbalance(local, d.ep);
+            let routed = d.routed_tokens(k) * load;
             let tokens_per_expert = routed / local;
             let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
             let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
@@ -239,6 +241,8 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
             fc2_op.kernels = local * per_expert;
             fc1_op.after_sync = true;
             fc2_op.after_sync = true;
+            fc1_op.load = load;
+            fc2_op.load = load;
             ops.push(fc1_op);
             ops.push(fc2_op);
             // Source side (balanced): permute the token copies before the dispatch (gather:
