@@ -5,6 +5,8 @@
 //! - `primus_plan_measured_tokens_per_second{namespace,plan}`: measured tokens/s/GPU
 //!   (`status.measured` or the plan's Prometheus query);
 //! - `primus_plan_drift_ratio{namespace,plan}`: measured / projected - 1;
+//! - `primus_plan_drift_tolerance{namespace,plan}`: the plan's `spec.drift.tolerance` (the
+//!   drift alert compares |drift| with it);
 //! - `primus_plan_stalled{namespace,plan}`: 1 while the plan is `Stalled` (alert on it;
 //!   `sum(primus_plan_stalled)` counts stalled plans);
 //! - `primus_plan_ready{namespace,plan}`: 1 while the plan is `Ready`;
@@ -27,6 +29,7 @@ pub struct Metrics {
     pub projected: GaugeVec,
     pub measured: GaugeVec,
     pub drift: GaugeVec,
+    pub drift_tolerance: GaugeVec,
     pub stalled: GaugeVec,
     pub ready: GaugeVec,
     pub reconcile_duration: HistogramVec,
@@ -59,6 +62,10 @@ impl Metrics {
         let drift = gauge(
             "primus_plan_drift_ratio",
             "Measured over projected throughput minus one.",
+        );
+        let drift_tolerance = gauge(
+            "primus_plan_drift_tolerance",
+            "Allowed absolute drift ratio of the plan (spec.drift.tolerance, default 0.10).",
         );
         let stalled = gauge(
             "primus_plan_stalled",
@@ -115,6 +122,7 @@ impl Metrics {
             projected,
             measured,
             drift,
+            drift_tolerance,
             stalled,
             ready,
             reconcile_duration,
@@ -156,6 +164,7 @@ impl Metrics {
             &self.projected,
             &self.measured,
             &self.drift,
+            &self.drift_tolerance,
             &self.stalled,
             &self.ready,
         ] {
@@ -187,12 +196,17 @@ mod tests {
     fn plan_series_appear_and_disappear() {
         let m = Metrics::new();
         Metrics::set_plan(&m.drift, "ns", "p", Some(-0.05));
+        Metrics::set_plan(&m.drift_tolerance, "ns", "p", Some(0.1));
         Metrics::set_plan(&m.projected, "ns", "p", Some(4000.0));
         m.observe(Duration::from_millis(20), None);
         m.observe(Duration::from_millis(20), Some("timeout"));
         let text = m.render();
         assert!(
             text.contains(r#"primus_plan_drift_ratio{namespace="ns",plan="p"} -0.05"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"primus_plan_drift_tolerance{namespace="ns",plan="p"} 0.1"#),
             "{text}"
         );
         assert!(text.contains(r#"primus_reconcile_errors_total{reason="timeout"} 1"#));

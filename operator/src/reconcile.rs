@@ -586,6 +586,7 @@ impl<'a> Pass<'a> {
         };
         let (ns, name) = (self.ns.clone(), self.name.clone());
         let m = &self.ctx.metrics;
+        Metrics::set_plan(&m.drift_tolerance, &ns, &name, Some(tolerance));
         match measurement.and_then(|x| {
             drift::drift(projected, x.tokens_per_second_per_gpu, tolerance).map(|d| (x, d))
         }) {

@@ -355,6 +355,11 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
     );
     assert_eq!(metric(&text, &series("primus_plan_stalled")), Some(0.0));
     assert_eq!(metric(&text, &series("primus_plan_ready")), Some(1.0));
+    // The alert compares |drift| with the plan's own tolerance (spec.drift.tolerance).
+    assert_eq!(
+        metric(&text, &series("primus_plan_drift_tolerance")),
+        Some(d.tolerance)
+    );
 
     // Far below the projection: the condition flips, the status says so.
     report_cmd(projected * 0.5);
