@@ -1,6 +1,6 @@
 //! `TrainingPlan`: one document that drives the `primus` CLI and the operator alike.
 
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{PodSecurityContext, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use primus_oracle::FieldError;
@@ -83,6 +83,11 @@ pub struct BenchmarkSpec {
     /// Tolerations for the benchmark pod (GPU nodes are often tainted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// Pod security context of the benchmark pod, e.g. `supplementalGroups` with the node's
+    /// `render`/`video` group IDs so a non-root image can open `/dev/kfd` and `/dev/dri` on AMD
+    /// nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
     /// Seconds to wait for a benchmark report before retrying (default 900).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u32>,

@@ -49,6 +49,7 @@ pub struct Settings {
     pub max_attempts: u32,
     pub reuse_within: Option<Duration>,
     pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    pub security_context: Option<k8s_openapi::api::core::v1::PodSecurityContext>,
 }
 
 impl Settings {
@@ -68,6 +69,7 @@ impl Settings {
             max_attempts: b.max_attempts.unwrap_or(DEFAULT_BENCH_MAX_ATTEMPTS),
             reuse_within: (hours > 0).then(|| Duration::from_secs(u64::from(hours) * 3600)),
             tolerations: b.tolerations.clone().unwrap_or_default(),
+            security_context: b.security_context.clone(),
         }
     }
 }
@@ -163,6 +165,7 @@ pub fn pod(
             node_selector,
             tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
             service_account_name: config.bench_service_account.clone(),
+            security_context: settings.security_context.clone(),
             containers: vec![Container {
                 name: CONTAINER.into(),
                 image: Some(settings.image.clone()),
@@ -512,7 +515,8 @@ mod tests {
             "model": {"preset": "llama3.1-8b"},
             "cluster": {"gpu": "h100-sxm", "gpus": 16},
             "training": {"seqLength": 4096, "globalBatchSize": 64},
-            "benchmark": {"enabled": true, "backend": "simulate", "timeoutSeconds": 120},
+            "benchmark": {"enabled": true, "backend": "simulate", "timeoutSeconds": 120,
+                          "securityContext": {"supplementalGroups": [44, 109]}},
         }))
         .unwrap();
         let mut obj = TrainingPlan::new("p", spec);
@@ -545,6 +549,11 @@ mod tests {
         );
         let spec = p.spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            spec.security_context.and_then(|c| c.supplemental_groups),
+            Some(vec![44, 109]),
+            "the plan's security context reaches the pod (GPU device groups on AMD nodes)"
+        );
         assert_eq!(spec.active_deadline_seconds, Some(120));
         assert_eq!(
             spec.node_selector

@@ -1,6 +1,6 @@
 //! `crdgen [DIR]`: write the CRD manifests into DIR (default: the `crds/` directory of the
-//! repository), or print them with `-` as DIR. `crdgen --check DIR` exits 1 when the files
-//! there differ from a fresh rendering.
+//! repository and the Helm chart's `crds/` copy), or print them with `-` as DIR.
+//! `crdgen --check [DIR]` exits 1 when the files there differ from a fresh rendering.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,11 +30,23 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let dir = dir
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let dirs = match dir {
+        Some(d) => vec![PathBuf::from(d)],
+        None => {
+            let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            let chart = crds.join("../charts/primus-projection/crds");
+            let mut dirs = vec![crds];
+            if chart.is_dir() {
+                dirs.push(chart);
+            }
+            dirs
+        }
+    };
     let mut stale = 0;
-    for (name, text) in &rendered {
+    for (dir, (name, text)) in dirs
+        .iter()
+        .flat_map(|d| rendered.iter().map(move |r| (d, r)))
+    {
         let path = dir.join(name);
         if check {
             let current = std::fs::read_to_string(&path).unwrap_or_default();
