@@ -259,25 +259,23 @@ impl Exhaustive {
         ctx: &Context<'_>,
         index: usize,
         st: &Structure,
-        choices: &[RecomputeChoice],
         known: f64,
         bound: &ThroughputBound,
-    ) -> (Stats, Vec<Candidate>) {
+    ) -> (Stats, Vec<Candidate>, u64) {
         let space = ctx.space;
         let s = ctx.scenario;
         let mut stats = Stats::default();
         let mut out = Vec::new();
-        let Some(&most_saving) = choices.last() else {
-            return (stats, out);
+        let Some((first_choice, most_saving, family)) = space.recompute_family(st) else {
+            return (stats, out, 0);
         };
-        let family = choices.len() as u64;
         let none = RecomputeChoice {
             recompute: Recompute::None,
             layers: 0,
         };
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
-            let first = space.layout(st, mbs, choices[0]);
+            let first = space.layout(st, mbs, first_choice);
             if let Err(r) = ctx.filter.rules(s, &first) {
                 stats.reject(s, &first, &r, family);
                 ctx.progress.add(family, 0);
@@ -304,7 +302,7 @@ impl Exhaustive {
                 upper,
             });
         }
-        (stats, out)
+        (stats, out, family)
     }
 
     /// The pruned search: screen every structure (in parallel), then project the candidates
@@ -317,25 +315,23 @@ impl Exhaustive {
             .map_or(0.0, |c| c.tokens_per_second());
         let bound = ThroughputBound::new();
         let structures = ctx.space.structures(ctx.scenario);
-        let choices: Vec<Vec<RecomputeChoice>> = structures
-            .par_iter()
-            .map(|st| ctx.space.recompute_choices(st))
-            .collect();
         ctx.progress.set_total(structures.len() as u64);
-        let screened: Vec<(Stats, Vec<Candidate>)> = structures
+        let screened: Vec<(Stats, Vec<Candidate>, u64)> = structures
             .par_iter()
             .enumerate()
             .map(|(i, st)| {
-                let r = self.screen(ctx, i, st, &choices[i], known, &bound);
+                let r = self.screen(ctx, i, st, known, &bound);
                 ctx.progress.step(1);
                 r
             })
             .collect();
         let mut stats = Stats::default();
         let mut candidates = Vec::new();
-        for (st, c) in screened {
+        let mut families: Vec<u64> = Vec::with_capacity(structures.len());
+        for (st, c, family) in screened {
             stats.merge(&st);
             candidates.extend(c);
+            families.push(family);
         }
         candidates.sort_by(|a, b| {
             b.upper
@@ -356,7 +352,7 @@ impl Exhaustive {
                 // Sorted by bound: nothing left can enter the top list.
                 stats.pruned += candidates[next..]
                     .iter()
-                    .map(|c| choices[c.structure].len() as u64)
+                    .map(|c| families[c.structure])
                     .sum::<u64>();
                 break;
             }
@@ -379,11 +375,11 @@ impl Exhaustive {
                     };
                     for c in cs {
                         let st = &structures[c.structure];
-                        let family = &choices[c.structure];
                         if c.upper * (1.0 + BOUND_MARGIN) < bar {
-                            task.stats.pruned += family.len() as u64;
+                            task.stats.pruned += families[c.structure];
                         } else {
-                            self.run_one(ctx, st, family, c.mbs, 0.0, None, &mut task);
+                            let family = ctx.space.recompute_choices(st);
+                            self.run_one(ctx, st, &family, c.mbs, 0.0, None, &mut task);
                         }
                         ctx.progress.step(1);
                     }

@@ -559,6 +559,35 @@ impl Space {
         v
     }
 
+    /// The recompute family of a structure without listing it: (first choice, most
+    /// memory-saving choice, number of choices), as [`Space::recompute_choices`] would list them.
+    pub fn recompute_family(
+        &self,
+        st: &Structure,
+    ) -> Option<(RecomputeChoice, RecomputeChoice, u64)> {
+        let first = *self.recompute.first()?;
+        let last = *self.recompute.last()?;
+        let (full_first, full_len) = match self.recompute_layers {
+            Some(k) => (k, 1),
+            None if self.recompute.contains(&Recompute::Full) => {
+                let most = self.max_chunk_layers(st);
+                (if most > 1 { 1 } else { 0 }, most.max(1) as u64)
+            }
+            None => (0, 0),
+        };
+        let choice = |r: Recompute, layers: u32| RecomputeChoice {
+            recompute: r,
+            layers: if r == Recompute::Full { layers } else { 0 },
+        };
+        let len = self
+            .recompute
+            .iter()
+            .map(|r| if *r == Recompute::Full { full_len } else { 1 })
+            .sum();
+        let last_layers = self.recompute_layers.unwrap_or(0);
+        Some((choice(first, full_first), choice(last, last_layers), len))
+    }
+
     /// Every recompute choice of a structure, least memory saving first.
     pub fn recompute_choices(&self, st: &Structure) -> Vec<RecomputeChoice> {
         let mut out = Vec::new();
