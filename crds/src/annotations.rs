@@ -1,20 +1,12 @@
 //! Annotation and label keys shared by the operator (which writes them onto PyTorchJobs), the
 //! webhook (which reads them back) and users.
 
-/// On a PyTorchJob: the TrainingPlan that created it.
-pub const PLAN: &str = "primus.dev/plan";
-/// On a PyTorchJob: the layout (the JSON of `spec.parallelism`) the job runs.
-pub const LAYOUT: &str = "primus.dev/layout";
-/// On a PyTorchJob: projected tokens/s per GPU of that layout.
-pub const PROJECTED_TOKENS_PER_SECOND: &str = "primus.dev/projected-tokens-per-second";
-/// On a PyTorchJob: model preset name, a shortcut instead of architecture flags.
-pub const MODEL: &str = "primus.dev/model";
-/// On a PyTorchJob: inline model card (JSON), when the plan used one.
-pub const MODEL_CARD: &str = "primus.dev/model-card";
-/// On a PyTorchJob: hardware profile name, when node selectors do not say.
-pub const GPU: &str = "primus.dev/gpu";
-/// On a PyTorchJob: training settings (JSON: seqLength, globalBatchSize, precision).
-pub const TRAINING: &str = "primus.dev/training";
+// The job annotations are defined once, next to the PyTorchJob writer in the oracle (which
+// cannot depend on this crate), and re-exported here for the operator, the webhook and users.
+pub use primus_oracle::tune::job::annotation::{
+    GPU, LAYOUT, MODEL, MODEL_CARD, PLAN, PROJECTED_TOKENS_PER_SECOND, TRAINING,
+};
+
 /// Label on a namespace: `strict` makes the webhook deny jobs it cannot derive.
 pub const ADMISSION_MODE: &str = "primus.dev/admission";
 /// Label on a PyTorchJob or namespace: `"true"` opts out of memory validation.

@@ -24,8 +24,8 @@ use crate::layout::Layout;
 use crate::megatron::{self, flag};
 use crate::plan::Scenario;
 
-/// Annotation keys. They must match `crds/src/annotations.rs` (the oracle cannot depend on the
-/// crds crate); a workspace test compares the two.
+/// Annotation keys of the jobs the writer builds; `primus_crds::annotations` re-exports them
+/// for the operator and the webhook (the oracle cannot depend on the crds crate).
 pub mod annotation {
     /// The TrainingPlan that created the job.
     pub const PLAN: &str = "primus.dev/plan";
