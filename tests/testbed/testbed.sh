@@ -623,14 +623,18 @@ cmd_env() {
   cat "$ENV_FILE"
 }
 
+usage() {
+  echo "usage: $(basename "$0") install|up|down|status|env${1:+ ($1)}" >&2
+  exit 2
+}
+
+(($# <= 1)) || usage "unexpected argument '$2'"
 case ${1:-} in
   install) cmd_install ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *)
-    echo "usage: $(basename "$0") install|up|down|status|env" >&2
-    exit 2
-    ;;
+  "") usage ;;
+  *) usage "unknown subcommand '$1'" ;;
 esac
