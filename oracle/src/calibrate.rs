@@ -1,8 +1,57 @@
-//! Benchmark calibration (benchmark mode): measured single-node layer and collective times
-//! replace the analytic ones through [`crate::compute::OpTimer`] ("downscale, measure,
-//! upscale"). This module holds the interface; the measurement-driven timer is a later issue.
+//! Benchmark calibration (benchmark mode): "downscale, measure, upscale". A single-node
+//! benchmark ([`crate::bench`]) times the ops of one dense and one MoE layer, the embedding and
+//! the output layer at the downscaled layout, and the in-node collectives; this module turns
+//! its report into a [`CalibratedTimer`] that the projection and the tuner use in place of the
+//! analytic roofline. Pure arithmetic: no GPU, no clock, no I/O.
+//!
+//! **Ops.** Every measured op pass gives a ratio `measured / analytic` (the analytic model
+//! timing the very op the benchmark ran, rebuilt from the model card at the measured layout;
+//! from the report's own shape, FLOPs and bytes when the card does not match). A target op is
+//! timed as `analytic(target op) x ratio`, where the ratio is
+//! 1. the op's own when the target runs exactly the measured shape (the measured time itself),
+//! 2. else interpolated linearly in log-log between the measured ops of the same kind and pass
+//!    by FLOPs of one GEMM instance (bytes for memory-bound ops), constant beyond the measured
+//!    range; a pass or kind without measurements borrows the kind's other passes, and grouped
+//!    GEMMs borrow the dense GEMMs;
+//! 3. else 1 (analytic).
+//!
+//! So the analytic model carries what changes between the measured and the target layout (TP
+//! or EP restored: GEMMs with more or fewer columns, more or fewer routed tokens) and the
+//! measurement carries what the model gets wrong about the GPU. Everything the projection
+//! builds from op times (the pipeline schedule at the target PP, recomputation, the bubble, the
+//! overlap of communication with compute) then runs analytically on measured compute.
+//!
+//! **Collectives.** A measured in-node collective gives a bandwidth factor for the scale-up
+//! links: `f = (t_analytic - L) / (t_measured - L)` with `L` the analytic latency part (so a
+//! collective measured at half the analytic bandwidth gives `f = 1/2` whatever its latency).
+//! The factors go into the topology's [`LinkCalibration`] through [`OpTimer::topology`]; they
+//! scale the in-domain part of each collective of that kind (TP, EP, CP, in-node PP and the
+//! in-node stage of hierarchical DP collectives). Out-of-node traffic, the pipeline schedule,
+//! DP overlap, the optimizer and per-step overheads stay analytic at the target scale.
 
-use crate::compute::{AnalyticTimer, LayerShape, Op, OpTimer, Pass, TimerContext};
+use std::collections::HashMap;
+
+use crate::bench::measure::{
+    AttentionDims, attention_dims, gemm_pass_dims, kind_class, measured_card, measured_experts,
+    measured_op_lists, pass_bytes, pass_name, pass_of, pass_shape,
+};
+use crate::bench::model_key;
+use crate::bench::simulate::analytic_collective;
+use crate::collectives::{Collective, LinkCalibration, LinkPoint, Topology};
+use crate::compute::{AnalyticTimer, Dims, LayerShape, Op, OpClass, OpTimer, Pass, TimerContext};
+use crate::layout::Layout;
+use crate::plan::{Precision, Scenario};
+use crate::report::{Backend, BenchmarkResults};
+
+mod coverage;
+#[cfg(test)]
+mod tests;
+
+pub use coverage::{Coverage, OpCoverage, Source, TermSource, coverage};
+
+/// Bounds of a collective's bandwidth factor (a measurement faster than the analytic latency
+/// alone, or absurdly slow, is clamped rather than trusted without limit).
+pub const LINK_FACTOR_LIMIT: f64 = 50.0;
 
 /// A measured time for one whole decoder-layer pass at the target TP/EP.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,4 +81,529 @@ impl OpTimer for MeasuredTimer {
             .find(|m| m.shape == layer && m.pass == pass)
             .map(|m| m.seconds)
     }
+}
+
+/// Why a report cannot calibrate a plan.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CalibrationError {
+    /// The report measured another GPU.
+    #[error(
+        "the report measured {report_gpu} ({report_product}); the plan runs on {plan_gpu} ({plan_product})"
+    )]
+    GpuMismatch {
+        report_gpu: String,
+        report_product: String,
+        plan_gpu: String,
+        plan_product: String,
+    },
+    /// Nothing in the report can be used.
+    #[error("the report has no usable measurement (no op or collective with a positive time)")]
+    Empty,
+    /// The report does not parse.
+    #[error("{0}")]
+    Parse(String),
+}
+
+/// One measured op pass against the analytic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpComparison {
+    pub name: String,
+    pub kind: String,
+    pub pass: Pass,
+    pub shape: Vec<u64>,
+    pub precision: Precision,
+    pub flops: f64,
+    pub bytes: f64,
+    pub measured_seconds: f64,
+    pub analytic_seconds: f64,
+    /// The op was found in the model card's op list at the measured layout (else rebuilt from
+    /// the report's shape, FLOPs and bytes).
+    pub matched: bool,
+}
+
+impl OpComparison {
+    /// measured / analytic time.
+    pub fn ratio(&self) -> f64 {
+        self.measured_seconds / self.analytic_seconds
+    }
+
+    /// Achieved TFLOP/s (0 for memory-bound ops).
+    pub fn measured_tflops(&self) -> f64 {
+        self.flops / self.measured_seconds / 1e12
+    }
+
+    pub fn analytic_tflops(&self) -> f64 {
+        self.flops / self.analytic_seconds / 1e12
+    }
+}
+
+/// One measured collective against the analytic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollectiveComparison {
+    pub op: Collective,
+    pub group_size: u32,
+    pub bytes: f64,
+    pub measured_seconds: f64,
+    pub analytic_seconds: f64,
+    pub measured_bus_gbps: f64,
+    pub analytic_bus_gbps: f64,
+    /// Factor on the scale-up bandwidth (see the module docs).
+    pub factor: f64,
+}
+
+/// Identity of an op as the projection builds it, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ExactKey {
+    name: &'static str,
+    pass: u8,
+    bits: [u64; 7],
+}
+
+impl ExactKey {
+    fn of(op: &Op, pass: Pass) -> ExactKey {
+        ExactKey {
+            name: op.name,
+            pass: pass_index(pass) as u8,
+            bits: [
+                op.m.to_bits(),
+                op.n.to_bits(),
+                op.k.to_bits(),
+                op.groups.to_bits(),
+                op.flops.to_bits(),
+                op.bytes.to_bits(),
+                op.kernels.to_bits(),
+            ],
+        }
+    }
+}
+
+fn pass_index(p: Pass) -> usize {
+    match p {
+        Pass::Forward => 0,
+        Pass::Dgrad => 1,
+        Pass::Wgrad => 2,
+    }
+}
+
+fn class_index(c: OpClass) -> usize {
+    match c {
+        OpClass::Gemm => 0,
+        OpClass::GroupedGemm => 1,
+        OpClass::Attention => 2,
+        OpClass::Memory => 3,
+    }
+}
+
+/// Sorted points (x, ln ratio) with equal x merged; linear interpolation, flat outside.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Curve {
+    points: Vec<(f64, f64)>,
+}
+
+impl Curve {
+    fn finish(mut raw: Vec<(f64, f64)>) -> Curve {
+        raw.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut points: Vec<(f64, f64)> = Vec::with_capacity(raw.len());
+        let mut run = (0.0, 0.0, 0usize);
+        for (x, y) in raw {
+            if run.2 > 0 && x == run.0 {
+                run.1 += y;
+                run.2 += 1;
+            } else {
+                if run.2 > 0 {
+                    points.push((run.0, run.1 / run.2 as f64));
+                }
+                run = (x, y, 1);
+            }
+        }
+        if run.2 > 0 {
+            points.push((run.0, run.1 / run.2 as f64));
+        }
+        Curve { points }
+    }
+
+    fn at(&self, x: f64) -> Option<f64> {
+        let p = &self.points;
+        let (first, last) = (p.first()?, p.last()?);
+        if x <= first.0 {
+            return Some(first.1);
+        }
+        if x >= last.0 {
+            return Some(last.1);
+        }
+        let i = p.partition_point(|q| q.0 <= x);
+        let (a, b) = (p[i - 1], p[i]);
+        Some(a.1 + (x - a.0) / (b.0 - a.0) * (b.1 - a.1))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+}
+
+/// Where a ratio came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatioSource {
+    /// The target runs exactly a measured shape.
+    Exact,
+    /// Interpolated between measured shapes.
+    Interpolated,
+    /// Nothing measured for this kind: the analytic time.
+    Analytic,
+}
+
+/// A benchmark report prepared for one scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    pub backend: Backend,
+    /// Hardware profile and product the report measured.
+    pub gpu: String,
+    pub gpu_product: String,
+    pub node: String,
+    pub started_at: String,
+    pub model: String,
+    pub shapes_key: String,
+    pub target_layout: Layout,
+    pub measured_layout: Layout,
+    pub reduced_axes: Vec<String>,
+    /// Every usable op measurement against the model.
+    pub ops: Vec<OpComparison>,
+    /// Every usable collective measurement against the model.
+    pub collectives: Vec<CollectiveComparison>,
+    /// Scale-up link factors per collective.
+    pub links: LinkCalibration,
+    exact: HashMap<ExactKey, f64>,
+    /// Per op class and pass.
+    curves: [[Curve; 3]; 4],
+    /// Per op class, all passes.
+    class_curves: [Curve; 4],
+}
+
+/// The x coordinate of an op pass on the ratio curves: ln of the FLOPs of one GEMM instance
+/// (of the pass FLOPs for attention, of the pass bytes for memory-bound ops).
+fn curve_x(op: &Op, pass: Pass) -> f64 {
+    let v = match op.class {
+        OpClass::Gemm | OpClass::GroupedGemm => {
+            let (m, n, k) = gemm_pass_dims(op, pass);
+            2.0 * m * n * k
+        }
+        OpClass::Attention => op.pass_flops(pass),
+        OpClass::Memory => pass_bytes(op, pass, false),
+    };
+    v.max(1.0).ln()
+}
+
+/// Rebuild an op from a report's fields (shape, FLOPs, bytes) when the card's op list does not
+/// have it.
+fn op_from_fields(
+    class: OpClass,
+    pass: Pass,
+    shape: &[u64],
+    flops: f64,
+    bytes: f64,
+    fp8: bool,
+) -> Op {
+    let dim = |i: usize| shape.get(i).copied().unwrap_or(0) as f64;
+    match class {
+        OpClass::Gemm | OpClass::GroupedGemm => {
+            let (a, b, c) = (dim(0).max(1.0), dim(1).max(1.0), dim(2).max(1.0));
+            // Invert gemm_pass_dims.
+            let (m, n, k) = match pass {
+                Pass::Forward => (a, b, c),
+                Pass::Dgrad => (a, c, b),
+                Pass::Wgrad => (c, b, a),
+            };
+            let groups = (flops / (2.0 * a * b * c)).round().max(1.0);
+            let mut op = Op::gemm("measured", m, n, k, groups, fp8);
+            op.kernels = groups;
+            op
+        }
+        OpClass::Attention => {
+            let per = if pass == Pass::Forward {
+                1.0
+            } else {
+                crate::compute::ATTENTION_BWD_FLOPS
+            };
+            let mut op = Op::memory("measured", bytes / backward_bytes(pass), 1.0);
+            op.class = OpClass::Attention;
+            op.flops = flops / per;
+            op
+        }
+        OpClass::Memory => Op::memory("measured", bytes / backward_bytes(pass), 1.0),
+    }
+}
+
+fn backward_bytes(pass: Pass) -> f64 {
+    if pass == Pass::Forward {
+        1.0
+    } else {
+        crate::compute::MEMORY_BWD_BYTES
+    }
+}
+
+impl Calibration {
+    /// Prepare `report` for scenario `s` (its hardware profile is the analytic reference).
+    pub fn new(s: &Scenario, report: &BenchmarkResults) -> Result<Calibration, CalibrationError> {
+        let hw = &s.hardware;
+        if report.gpu != hw.name && report.gpu_product != hw.product {
+            return Err(CalibrationError::GpuMismatch {
+                report_gpu: report.gpu.clone(),
+                report_product: report.gpu_product.clone(),
+                plan_gpu: hw.name.clone(),
+                plan_product: hw.product.clone(),
+            });
+        }
+        // The ops the benchmark ran, rebuilt from the card at the measured layout.
+        let mut known: HashMap<String, (Op, Option<AttentionDims>)> = HashMap::new();
+        if model_key(&s.model) == report.model {
+            let experts =
+                measured_experts(&s.model, &report.target_layout, &report.measured_layout);
+            let card = measured_card(&s.model, experts);
+            let dims = Dims::of(s, &report.measured_layout);
+            let att = attention_dims(&card, &dims, false);
+            for (prefix, _, ops) in measured_op_lists(&card, &dims) {
+                for op in ops.iter() {
+                    let a = (op.class == OpClass::Attention).then_some(att);
+                    known.insert(format!("{prefix}.{}", op.name), (*op, a));
+                }
+            }
+        }
+        let mut ops = Vec::new();
+        let mut exact = HashMap::new();
+        let mut raw: [[Vec<(f64, f64)>; 3]; 4] = Default::default();
+        for m in &report.ops {
+            let Some(class) = kind_class(&m.kind) else {
+                continue;
+            };
+            let Some((stem, pass)) = m
+                .name
+                .rsplit_once('.')
+                .and_then(|(stem, p)| Some((stem, pass_of(p)?)))
+            else {
+                continue;
+            };
+            if !(m.median_seconds.is_finite() && m.median_seconds > 0.0) {
+                continue;
+            }
+            let ctx = TimerContext {
+                hardware: hw,
+                precision: m.precision,
+            };
+            let fp8 = m.precision == Precision::Fp8;
+            let (op, matched) = match known.get(stem) {
+                Some((op, att)) if pass_shape(op, pass, att.as_ref()) == m.shape => (*op, true),
+                _ => (
+                    op_from_fields(class, pass, &m.shape, m.flops, m.bytes, fp8),
+                    false,
+                ),
+            };
+            let analytic = AnalyticTimer.op_seconds(&ctx, &op, pass);
+            if !(analytic.is_finite() && analytic > 0.0) {
+                continue;
+            }
+            let ratio = m.median_seconds / analytic;
+            if matched {
+                // The same op measured twice (the attention block of a dense and of a MoE
+                // layer): the geometric mean.
+                let e = exact.entry(ExactKey::of(&op, pass)).or_insert((0.0, 0u32));
+                e.0 += ratio.ln();
+                e.1 += 1;
+            }
+            raw[class_index(class)][pass_index(pass)].push((curve_x(&op, pass), ratio.ln()));
+            ops.push(OpComparison {
+                name: m.name.clone(),
+                kind: m.kind.clone(),
+                pass,
+                shape: m.shape.clone(),
+                precision: m.precision,
+                flops: m.flops,
+                bytes: m.bytes,
+                measured_seconds: m.median_seconds,
+                analytic_seconds: analytic,
+                matched,
+            });
+        }
+        let exact = exact
+            .into_iter()
+            .map(|(k, (sum, n))| (k, (sum / n as f64).exp()))
+            .collect();
+        let curves = raw.clone().map(|per_pass| per_pass.map(Curve::finish));
+        let class_curves = raw.map(|per_pass| Curve::finish(per_pass.concat()));
+
+        let topo = Topology::of(hw, s.cluster.gpus_per_node);
+        let mut links = LinkCalibration::default();
+        let mut collectives = Vec::new();
+        for c in &report.collectives {
+            let Some(kind) = Collective::from_name(&c.op) else {
+                continue;
+            };
+            let n = c.group_size;
+            if n < 2 || !(c.bytes > 0.0 && c.median_seconds.is_finite() && c.median_seconds > 0.0) {
+                continue;
+            }
+            let t = analytic_collective(&topo, kind, n, c.bytes);
+            let latency = (2.0 * t - analytic_collective(&topo, kind, n, 2.0 * c.bytes)).max(0.0);
+            let factor = if c.median_seconds > latency {
+                ((t - latency) / (c.median_seconds - latency))
+                    .clamp(1.0 / LINK_FACTOR_LIMIT, LINK_FACTOR_LIMIT)
+            } else {
+                LINK_FACTOR_LIMIT
+            };
+            let members = if kind == Collective::P2p { 2 } else { n };
+            links.add(
+                kind,
+                LinkPoint {
+                    members,
+                    bytes: c.bytes,
+                    factor,
+                },
+            );
+            collectives.push(CollectiveComparison {
+                op: kind,
+                group_size: n,
+                bytes: c.bytes,
+                measured_seconds: c.median_seconds,
+                analytic_seconds: t,
+                measured_bus_gbps: crate::bench::measure::bus_bandwidth_gbps(
+                    kind,
+                    n,
+                    c.bytes,
+                    c.median_seconds,
+                ),
+                analytic_bus_gbps: crate::bench::measure::bus_bandwidth_gbps(kind, n, c.bytes, t),
+                factor,
+            });
+        }
+        if ops.is_empty() && collectives.is_empty() {
+            return Err(CalibrationError::Empty);
+        }
+        Ok(Calibration {
+            backend: report.backend,
+            gpu: report.gpu.clone(),
+            gpu_product: report.gpu_product.clone(),
+            node: report.node.clone(),
+            started_at: report.started_at.clone(),
+            model: report.model.clone(),
+            shapes_key: report.shapes_key.clone(),
+            target_layout: report.target_layout.clone(),
+            measured_layout: report.measured_layout.clone(),
+            reduced_axes: report.reduced_axes.clone(),
+            ops,
+            collectives,
+            links,
+            exact,
+            curves,
+            class_curves,
+        })
+    }
+
+    /// The ratio measured / analytic for one pass of a target op, and where it came from.
+    pub fn ratio(&self, op: &Op, pass: Pass) -> (f64, RatioSource) {
+        if let Some(r) = self.exact.get(&ExactKey::of(op, pass)) {
+            return (*r, RatioSource::Exact);
+        }
+        let x = curve_x(op, pass);
+        let (c, p, g) = (
+            class_index(op.class),
+            pass_index(pass),
+            class_index(OpClass::Gemm),
+        );
+        let grouped = op.class == OpClass::GroupedGemm;
+        // The kind's pass, the kind's other passes; grouped GEMMs then borrow dense GEMMs.
+        [
+            Some(&self.curves[c][p]),
+            Some(&self.class_curves[c]),
+            grouped.then_some(&self.curves[g][p]),
+            grouped.then_some(&self.class_curves[g]),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|curve| !curve.is_empty())
+        .and_then(|curve| curve.at(x))
+        .map(|y| (y.exp(), RatioSource::Interpolated))
+        .unwrap_or((1.0, RatioSource::Analytic))
+    }
+
+    /// Measured op passes of one kind, for display.
+    pub fn measured_points(&self, class: OpClass) -> usize {
+        self.curves[class_index(class)]
+            .iter()
+            .map(|c| c.points.len())
+            .sum()
+    }
+}
+
+/// The op timer of a calibrated oracle: analytic op times scaled by measured ratios, and the
+/// scale-up links scaled by measured collective factors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalibratedTimer {
+    pub calibration: Calibration,
+}
+
+impl CalibratedTimer {
+    /// The timer of `report` for scenario `s`.
+    pub fn new(
+        s: &Scenario,
+        report: &BenchmarkResults,
+    ) -> Result<CalibratedTimer, CalibrationError> {
+        Ok(CalibratedTimer {
+            calibration: Calibration::new(s, report)?,
+        })
+    }
+}
+
+impl OpTimer for CalibratedTimer {
+    fn op_seconds(&self, ctx: &TimerContext, op: &Op, pass: Pass) -> f64 {
+        let analytic = AnalyticTimer.op_seconds(ctx, op, pass);
+        if analytic <= 0.0 {
+            return analytic;
+        }
+        analytic * self.calibration.ratio(op, pass).0
+    }
+
+    fn topology(&self, analytic: Topology) -> Topology {
+        Topology {
+            links: self.calibration.links,
+            ..analytic
+        }
+    }
+}
+
+/// Read a benchmark report: a `BenchmarkResults` JSON document (what `primus bench -o` writes)
+/// or a `BenchmarkReport` object as `kubectl get -o yaml|json` prints it (its `spec.results`).
+/// The error names the source and the field.
+pub fn parse_report(text: &str, source: &str) -> Result<BenchmarkResults, CalibrationError> {
+    let doc = crate::plan::parse_yaml_value(text, source)
+        .map_err(|e| CalibrationError::Parse(e.to_string()))?;
+    let (value, at) = if let Some(r) = doc.get("spec").and_then(|s| s.get("results")) {
+        (r.clone(), "spec.results.")
+    } else if doc.get("kind").and_then(|k| k.as_str()) == Some("BenchmarkReport") {
+        return Err(CalibrationError::Parse(format!(
+            "{source}: spec.results: missing (a BenchmarkReport without results)"
+        )));
+    } else {
+        (doc, "")
+    };
+    serde_path_to_error::deserialize::<_, BenchmarkResults>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            at.trim_end_matches('.').to_string()
+        } else {
+            format!("{at}{path}")
+        };
+        CalibrationError::Parse(format!(
+            "{source}: {}: {}",
+            if field.is_empty() {
+                "(document)"
+            } else {
+                &field
+            },
+            e.inner()
+        ))
+    })
+}
+
+/// `fwd`/`dgrad`/`wgrad` of a comparison row.
+pub fn pass_label(p: Pass) -> &'static str {
+    pass_name(p)
 }

@@ -35,6 +35,9 @@ pub struct Topology {
     pub up: Tier,
     /// Between domains, through each GPU's own NIC.
     pub out: Tier,
+    /// Measured corrections of the scale-up tier per collective (benchmark calibration);
+    /// empty for the analytic model.
+    pub links: LinkCalibration,
 }
 
 impl Topology {
@@ -58,6 +61,7 @@ impl Topology {
                 bandwidth: hw.scale_out.bytes_per_second() * e.scale_out_collective(),
                 latency: hw.scale_out.latency_seconds(),
             },
+            links: LinkCalibration::default(),
         }
     }
 
@@ -232,6 +236,7 @@ pub enum Algorithm {
 
 /// Ring all-reduce: 2(n-1)/n * S / B + 2(n-1) * alpha (Patarasuk & Yuan 2009; NCCL busbw).
 pub fn all_reduce_ring(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::AllReduce, g.in_domain(), bytes);
     let n = g.size as f64;
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
@@ -244,6 +249,7 @@ pub fn all_reduce_ring(topo: &Topology, g: &Group, bytes: f64) -> f64 {
 /// GPU's NIC 2(m-1)/m * (S/k) / B_out, intra-domain all-gather (k-1)/k * S / B_up; latencies
 /// 2(k-1) alpha_up + 2(m-1) alpha_out. Falls back to the ring inside one domain.
 pub fn all_reduce_hierarchical(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::AllReduce, g.in_domain(), bytes);
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
     }
@@ -268,11 +274,13 @@ pub fn all_reduce_with(topo: &Topology, g: &Group, bytes: f64, alg: Algorithm) -
 
 /// All-reduce: the faster of ring and hierarchical (NCCL/RCCL tune the algorithm per size).
 pub fn all_reduce(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::AllReduce, g.in_domain(), bytes);
     all_reduce_ring(topo, g, bytes).min(all_reduce_hierarchical(topo, g, bytes))
 }
 
 /// Ring reduce-scatter of an S-byte input: (n-1)/n * S / B + (n-1) * alpha.
 pub fn reduce_scatter_ring(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::ReduceScatter, g.in_domain(), bytes);
     let n = g.size as f64;
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
@@ -283,6 +291,7 @@ pub fn reduce_scatter_ring(topo: &Topology, g: &Group, bytes: f64) -> f64 {
 /// Hierarchical reduce-scatter: intra-domain (k-1)/k * S / B_up, then across domains
 /// (m-1)/m * (S/k) / B_out; latencies (k-1) alpha_up + (m-1) alpha_out.
 pub fn reduce_scatter_hierarchical(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::ReduceScatter, g.in_domain(), bytes);
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
     }
@@ -299,12 +308,14 @@ pub fn reduce_scatter_hierarchical(topo: &Topology, g: &Group, bytes: f64) -> f6
 
 /// Reduce-scatter: the faster algorithm.
 pub fn reduce_scatter(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::ReduceScatter, g.in_domain(), bytes);
     reduce_scatter_ring(topo, g, bytes).min(reduce_scatter_hierarchical(topo, g, bytes))
 }
 
 /// All-gather into an S-byte output: the mirror image of reduce-scatter, same cost
 /// ((n-1)/n * S / B + (n-1) * alpha for the ring).
 pub fn all_gather(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::AllGather, g.in_domain(), bytes);
     reduce_scatter(topo, g, bytes)
 }
 
@@ -313,6 +324,7 @@ pub fn all_gather(topo: &Topology, g: &Group, bytes: f64) -> f64 {
 /// domains over its own NIC, both at once; plus (n-1) alpha of the slower tier (pairwise
 /// exchange).
 pub fn all_to_all(topo: &Topology, g: &Group, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::AllToAll, g.in_domain(), bytes);
     let n = g.size as f64;
     if g.size <= 1 || bytes <= 0.0 {
         return 0.0;
@@ -329,11 +341,203 @@ pub fn all_to_all(topo: &Topology, g: &Group, bytes: f64) -> f64 {
 
 /// One point-to-point message of S bytes: alpha + S / B of the tier it crosses.
 pub fn p2p(topo: &Topology, crosses_domain: bool, bytes: f64) -> f64 {
+    let topo = &*topo.seen_by(Collective::P2p, 2, bytes);
     if bytes <= 0.0 {
         return 0.0;
     }
     let tier = if crosses_domain { topo.out } else { topo.up };
     tier.latency + bytes / tier.bandwidth
+}
+
+/// The collectives whose in-domain bandwidth a single-node benchmark measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    AllToAll,
+    /// One point-to-point message (pipeline and context-parallel exchanges).
+    P2p,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 5] = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::AllToAll,
+        Collective::P2p,
+    ];
+
+    /// The name benchmark reports use (`CollectiveMeasurement::op`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllGather => "all-gather",
+            Collective::AllToAll => "all-to-all",
+            Collective::P2p => "p2p",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Collective> {
+        Collective::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Kinds whose measurement stands in when this one was not measured: a ring all-reduce is
+    /// a reduce-scatter and an all-gather over the same links, and those two mirror each other.
+    fn stand_ins(self) -> &'static [Collective] {
+        match self {
+            Collective::AllReduce => &[Collective::ReduceScatter, Collective::AllGather],
+            Collective::ReduceScatter => &[Collective::AllGather, Collective::AllReduce],
+            Collective::AllGather => &[Collective::ReduceScatter, Collective::AllReduce],
+            Collective::AllToAll | Collective::P2p => &[],
+        }
+    }
+}
+
+/// One measured correction: collective `kind` over `members` GPUs of one domain with a
+/// `bytes` buffer ran at `factor` times the analytic scale-up bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinkPoint {
+    pub members: u32,
+    pub bytes: f64,
+    pub factor: f64,
+}
+
+/// Measured corrections of the scale-up tier (benchmark calibration, `calibrate.rs`): per
+/// collective kind, up to [`LinkCalibration::POINTS`] measured (members, bytes, factor) points.
+/// A collective over `n` members of one domain uses the points of the nearest measured member
+/// count (in log2), interpolated linearly in log(bytes) and clamped at the ends; a kind with no
+/// points borrows its stand-ins' ([`Collective`]); with none at all the analytic bandwidth
+/// stays. Fixed size, so [`Topology`] stays `Copy`; empty (the default) costs one branch.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinkCalibration {
+    points: [[LinkPoint; LinkCalibration::POINTS]; 5],
+    len: [u8; 5],
+}
+
+impl LinkCalibration {
+    /// Points kept per collective kind.
+    pub const POINTS: usize = 8;
+
+    /// No corrections.
+    pub fn is_empty(&self) -> bool {
+        self.len == [0; 5]
+    }
+
+    /// Add a measured point; a point with the same members and bytes is replaced. Returns
+    /// false (and keeps what it has) when the kind already holds [`Self::POINTS`] points or
+    /// the point is not finite and positive.
+    pub fn add(&mut self, kind: Collective, point: LinkPoint) -> bool {
+        if !(point.factor.is_finite() && point.factor > 0.0 && point.bytes > 0.0)
+            || point.members < 2
+        {
+            return false;
+        }
+        let i = kind.index();
+        let n = self.len[i] as usize;
+        if let Some(p) = self.points[i][..n]
+            .iter_mut()
+            .find(|p| p.members == point.members && p.bytes == point.bytes)
+        {
+            *p = point;
+            return true;
+        }
+        if n == Self::POINTS {
+            return false;
+        }
+        self.points[i][n] = point;
+        self.len[i] += 1;
+        true
+    }
+
+    /// The measured points of one kind.
+    pub fn points(&self, kind: Collective) -> &[LinkPoint] {
+        let i = kind.index();
+        &self.points[i][..self.len[i] as usize]
+    }
+
+    /// The factor for `kind` over `members` in-domain GPUs and a `bytes` buffer, and the kind
+    /// and member count it was measured at; `None` when neither the kind nor its stand-ins
+    /// were measured.
+    pub fn lookup(
+        &self,
+        kind: Collective,
+        members: u32,
+        bytes: f64,
+    ) -> Option<(f64, Collective, u32)> {
+        let source = std::iter::once(kind)
+            .chain(kind.stand_ins().iter().copied())
+            .find(|k| self.len[k.index()] > 0)?;
+        let pts = self.points(source);
+        let want = (members.max(1) as f64).log2();
+        // Nearest measured member count; ties go to the larger group.
+        let nearest = pts.iter().map(|p| p.members).min_by(|a, b| {
+            let da = ((*a as f64).log2() - want).abs();
+            let db = ((*b as f64).log2() - want).abs();
+            da.total_cmp(&db).then(b.cmp(a))
+        })?;
+        let x = bytes.max(1.0).ln();
+        let (mut below, mut above): (Option<&LinkPoint>, Option<&LinkPoint>) = (None, None);
+        for p in pts.iter().filter(|p| p.members == nearest) {
+            let px = p.bytes.ln();
+            if px <= x && below.is_none_or(|b| px > b.bytes.ln()) {
+                below = Some(p);
+            }
+            if px >= x && above.is_none_or(|a| px < a.bytes.ln()) {
+                above = Some(p);
+            }
+        }
+        let factor = match (below, above) {
+            (Some(b), Some(a)) if a.bytes > b.bytes => {
+                let t = (x - b.bytes.ln()) / (a.bytes.ln() - b.bytes.ln());
+                b.factor + t * (a.factor - b.factor)
+            }
+            (Some(p), _) | (None, Some(p)) => p.factor,
+            (None, None) => return None,
+        };
+        Some((factor, source, nearest))
+    }
+}
+
+impl Group {
+    /// Members of the worst group that share one scale-up domain: the GPUs whose exchange runs
+    /// over the scale-up links.
+    pub fn in_domain(&self) -> u32 {
+        if self.domains <= 1 {
+            self.size
+        } else {
+            self.per_domain
+        }
+    }
+}
+
+impl Topology {
+    /// The topology collective `kind` over `members` in-domain GPUs with a `bytes` buffer sees:
+    /// the scale-up bandwidth times its measured factor (unchanged without one), and no
+    /// further corrections (so nested calls do not apply them twice). Borrowed, without a
+    /// copy, when there are no corrections.
+    pub fn seen_by(
+        &self,
+        kind: Collective,
+        members: u32,
+        bytes: f64,
+    ) -> std::borrow::Cow<'_, Topology> {
+        if self.links.is_empty() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut t = *self;
+        if let Some((f, _, _)) = self.links.lookup(kind, members, bytes) {
+            t.up.bandwidth *= f;
+        }
+        t.links = LinkCalibration::default();
+        std::borrow::Cow::Owned(t)
+    }
 }
 
 /// The communicators of one layout, placed in Megatron's default rank order.

@@ -214,6 +214,13 @@ pub trait OpTimer: Sync {
     fn layer_seconds(&self, _ctx: &TimerContext, _layer: LayerShape, _pass: Pass) -> Option<f64> {
         None
     }
+
+    /// The topology the collectives run on: the analytic one (the default), or one whose
+    /// scale-up links carry measured per-collective corrections (benchmark calibration,
+    /// [`crate::collectives::LinkCalibration`]).
+    fn topology(&self, analytic: crate::collectives::Topology) -> crate::collectives::Topology {
+        analytic
+    }
 }
 
 /// Roofline with shape- and precision-dependent efficiency from the hardware profile.

@@ -66,18 +66,44 @@ fn output_file_and_moe_downscaling() {
     );
 }
 
+/// What `primus bench --backend B` must say on this machine: without the cargo feature, that
+/// the backend is not built in; with it and no GPU, that no GPU is visible. `None` when a GPU
+/// of that vendor is there (the command would benchmark it).
+fn expected_refusal(backend: &str) -> Option<&'static str> {
+    match backend {
+        "cuda" if cfg!(feature = "cuda") => (!std::path::Path::new("/dev/nvidiactl").exists())
+            .then_some("error: no NVIDIA GPU visible: "),
+        "rocm" if cfg!(feature = "rocm") => {
+            (!std::path::Path::new("/dev/kfd").exists()).then_some("error: no AMD GPU visible: ")
+        }
+        "cuda" => Some("error: the cuda backend is not built into this primus"),
+        _ => Some("error: the rocm backend is not built into this primus"),
+    }
+}
+
 #[test]
 fn gpu_backends_refuse_with_one_line() {
-    Command::cargo_bin("primus")
-        .unwrap()
-        .args(["bench", "--backend", "cuda", "-f"])
-        .arg(example("llama3.1-8b-h100-benchmark.yaml"))
-        .assert()
-        .code(1)
-        .stderr(
-            predicate::str::contains("cuda benchmark backend is not available")
-                .and(predicate::str::is_match("^[^\n]*\n$").unwrap()),
+    for (backend, plan) in [
+        ("cuda", "llama3.1-8b-h100-benchmark.yaml"),
+        ("rocm", "mixtral-8x22b-mi355x.yaml"),
+    ] {
+        let Some(start) = expected_refusal(backend) else {
+            continue;
+        };
+        let out = Command::cargo_bin("primus")
+            .unwrap()
+            .args(["bench", "--backend", backend, "-f"])
+            .arg(example(plan))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{backend}: {stderr}");
+        assert!(out.stdout.is_empty(), "{backend}");
+        assert!(
+            stderr.starts_with(start) && stderr.ends_with('\n') && stderr.lines().count() == 1,
+            "{backend}: expected one line starting {start:?}, got {stderr:?}"
         );
+    }
 }
 
 #[test]

@@ -18,6 +18,7 @@ fn topo() -> Topology {
             bandwidth: 10e9,
             latency: 5e-6,
         },
+        links: Default::default(),
     }
 }
 

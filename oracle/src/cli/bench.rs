@@ -4,11 +4,15 @@
 //! with `-o FILE`). In a benchmark pod the operator runs
 //! `primus bench --plan NS/NAME --backend B --report-to NS/REPORT`: the plan is read from the
 //! API and the results are written as a `BenchmarkReport` owned by the plan. The GPU backends
-//! (`rocm`, `cuda`) are not built yet; they fail with one clear line.
+//! (`rocm`, `cuda`) are built with the cargo features of the same names; without the feature,
+//! or without a GPU, they fail with one clear line. `--compare` prints the measurements against
+//! the analytic model (achieved GEMM TFLOP/s, collective bus bandwidth).
 
 use std::path::PathBuf;
 
-use crate::bench::simulate::{Provenance, simulate};
+use crate::bench::measure::{self, Protocol, Provenance};
+use crate::bench::simulate::SimulatedDevice;
+use crate::calibrate::Calibration;
 use crate::hardware::Vendor;
 use crate::plan::{Plan, parse_plan, parse_yaml_value};
 use crate::report::{Backend, BenchmarkResults};
@@ -64,6 +68,18 @@ pub struct Args {
     /// Also write the results as JSON to this file.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Untimed warm-up runs per case (GPU backends).
+    #[arg(long, default_value_t = 5)]
+    pub warmup: u32,
+    /// Timed runs per case (GPU backends); the report keeps their median and spread.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Print the measurements against the analytic model (stdout with `-o`, else stderr).
+    #[arg(long)]
+    pub compare: bool,
+    /// No per-case progress lines on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 /// `spec.benchmark.backend` of a TrainingPlan document or spec, when set.
@@ -112,32 +128,202 @@ pub fn node_name() -> String {
 }
 
 /// Run the benchmark of `plan` with `backend`.
-pub fn measure(plan: &Plan, backend: Backend) -> Result<BenchmarkResults, CliError> {
-    match backend {
-        Backend::Simulate => {
-            let started_at = now_rfc3339();
-            let mut results = simulate(
-                plan,
-                Provenance {
-                    node: node_name(),
-                    started_at,
-                    finished_at: String::new(),
-                },
-            );
-            results.finished_at = now_rfc3339();
-            Ok(results)
+pub fn measure(
+    plan: &Plan,
+    backend: Backend,
+    protocol: &Protocol,
+    quiet: bool,
+) -> Result<BenchmarkResults, CliError> {
+    let provenance = Provenance {
+        node: node_name(),
+        started_at: now_rfc3339(),
+        finished_at: String::new(),
+    };
+    let mut progress = |line: &str| {
+        if !quiet {
+            eprintln!("bench: {line}");
         }
-        Backend::Rocm | Backend::Cuda => {
-            let name = if backend == Backend::Rocm {
-                "rocm"
+    };
+    let mut results = match backend {
+        Backend::Simulate => {
+            let mut device = SimulatedDevice::new(&plan.scenario);
+            let once = Protocol { warmup: 0, runs: 1 };
+            measure::run(plan, &mut device, &once, provenance, &mut |_| {})
+        }
+        Backend::Rocm => run_rocm(plan, protocol, provenance, &mut progress),
+        Backend::Cuda => run_cuda(plan, protocol, provenance, &mut progress),
+    }
+    .map_err(|e| CliError::Failed(e.to_string()))?;
+    results.finished_at = now_rfc3339();
+    Ok(results)
+}
+
+#[cfg(feature = "rocm")]
+fn run_rocm(
+    plan: &Plan,
+    protocol: &Protocol,
+    provenance: Provenance,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchmarkResults, measure::BenchError> {
+    crate::bench::rocm::run(plan, protocol, provenance, progress)
+}
+
+#[cfg(not(feature = "rocm"))]
+fn run_rocm(
+    _plan: &Plan,
+    _protocol: &Protocol,
+    _provenance: Provenance,
+    _progress: &mut dyn FnMut(&str),
+) -> Result<BenchmarkResults, measure::BenchError> {
+    Err(measure::BenchError::new(
+        "the rocm backend is not built into this primus (build it with `--features rocm`); use --backend simulate",
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    plan: &Plan,
+    protocol: &Protocol,
+    provenance: Provenance,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchmarkResults, measure::BenchError> {
+    crate::bench::cuda::run(plan, protocol, provenance, progress)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _plan: &Plan,
+    _protocol: &Protocol,
+    _provenance: Provenance,
+    _progress: &mut dyn FnMut(&str),
+) -> Result<BenchmarkResults, measure::BenchError> {
+    Err(measure::BenchError::new(
+        "the cuda backend is not built into this primus (build it with `--features cuda`); use --backend simulate",
+    ))
+}
+
+/// The measurements of `results` against the analytic model of `plan`'s GPU profile: every
+/// op pass (time, achieved and modelled TFLOP/s, ratio), a FLOP-weighted GEMM summary, and
+/// every collective (time, bus bandwidth, factor on the scale-up links).
+pub fn comparison(plan: &Plan, results: &BenchmarkResults) -> Result<String, CliError> {
+    let c = Calibration::new(&plan.scenario, results)
+        .map_err(|e| CliError::Failed(format!("comparison: {e}")))?;
+    let backend = match results.backend {
+        Backend::Rocm => "rocm",
+        Backend::Cuda => "cuda",
+        Backend::Simulate => "simulate",
+    };
+    let mut out = format!(
+        "{} on {} ({} GPU(s), node {}), backend {backend}, {} / {}, measured {}{}\n\n",
+        results.model,
+        results.gpu_product,
+        results.gpu_count,
+        results.node,
+        results.driver_version,
+        results.runtime_version,
+        results.measured_layout.label(),
+        if results.reduced_axes.is_empty() {
+            String::new()
+        } else {
+            format!(" (reduced: {})", results.reduced_axes.join(", "))
+        }
+    );
+    out.push_str(&format!(
+        "{:<32} {:<22} {:>5} {:>11} {:>11} {:>9} {:>9} {:>7}\n",
+        "OP", "SHAPE", "PREC", "MEASURED ms", "MODEL ms", "MEAS TF/s", "MODEL TF/s", "RATIO"
+    ));
+    for o in &c.ops {
+        let shape = if o.kind == "memory-bound" {
+            format!("{:.1} MB moved", o.bytes / 1e6)
+        } else {
+            o.shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        };
+        let tf = |x: f64| {
+            if o.flops > 0.0 {
+                format!("{x:.1}")
             } else {
-                "cuda"
-            };
-            Err(CliError::Failed(format!(
-                "the {name} benchmark backend is not available in this build yet; use --backend simulate"
-            )))
+                "-".into()
+            }
+        };
+        out.push_str(&format!(
+            "{:<32} {:<22} {:>5} {:>11.4} {:>11.4} {:>9} {:>9} {:>7.3}\n",
+            o.name,
+            shape,
+            o.precision.as_str(),
+            o.measured_seconds * 1e3,
+            o.analytic_seconds * 1e3,
+            tf(o.measured_tflops()),
+            tf(o.analytic_tflops()),
+            o.ratio()
+        ));
+    }
+    for kind in ["gemm", "grouped-gemm", "attention"] {
+        let rows: Vec<_> = c.ops.iter().filter(|o| o.kind == kind).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let flops: f64 = rows.iter().map(|o| o.flops).sum();
+        let measured: f64 = rows.iter().map(|o| o.measured_seconds).sum();
+        let analytic: f64 = rows.iter().map(|o| o.analytic_seconds).sum();
+        out.push_str(&format!(
+            "{kind}: {} passes, {:.1} TFLOP/s measured vs {:.1} modelled (time ratio {:.3})\n",
+            rows.len(),
+            flops / measured / 1e12,
+            flops / analytic / 1e12,
+            measured / analytic
+        ));
+    }
+    if !c.collectives.is_empty() {
+        out.push_str(&format!(
+            "\n{:<15} {:>5} {:>10} {:>11} {:>11} {:>14} {:>14} {:>7}\n",
+            "COLLECTIVE",
+            "GPUS",
+            "MB",
+            "MEASURED ms",
+            "MODEL ms",
+            "MEAS busbw GB/s",
+            "MODEL busbw",
+            "FACTOR"
+        ));
+        for k in &c.collectives {
+            out.push_str(&format!(
+                "{:<15} {:>5} {:>10.2} {:>11.4} {:>11.4} {:>14.1} {:>14.1} {:>7.3}\n",
+                k.op.name(),
+                k.group_size,
+                k.bytes / 1e6,
+                k.measured_seconds * 1e3,
+                k.analytic_seconds * 1e3,
+                k.measured_bus_gbps,
+                k.analytic_bus_gbps,
+                k.factor
+            ));
         }
     }
+    Ok(out)
+}
+
+fn protocol(args: &Args) -> Protocol {
+    Protocol {
+        warmup: args.warmup,
+        runs: args.runs,
+    }
+}
+
+fn print_comparison(args: &Args, plan: &Plan, results: &BenchmarkResults) -> Result<(), CliError> {
+    if !args.compare {
+        return Ok(());
+    }
+    let text = comparison(plan, results)?;
+    if args.output.is_some() {
+        print!("{text}");
+    } else {
+        eprint!("{text}");
+    }
+    Ok(())
 }
 
 fn write_output(args: &Args, results: &BenchmarkResults) -> Result<(), CliError> {
@@ -160,8 +346,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         let doc = parse_yaml_value(&text, &source)?;
         let spec = doc.get("spec").cloned().unwrap_or(doc);
         let backend = choose_backend(args, spec_backend(&spec)?, &plan);
-        let results = measure(&plan, backend)?;
+        let results = measure(&plan, backend, &protocol(args), args.quiet)?;
         write_output(args, &results)?;
+        print_comparison(args, &plan, &results)?;
         if args.report_to.is_some() {
             return post(args, &plan, &results);
         }
@@ -189,8 +376,9 @@ fn from_cluster(args: &Args) -> Result<(), CliError> {
         let c = catalog(&args.common)?;
         let plan = crate::plan::PlanSpec::from_json(spec.clone())?.resolve(&name, &c)?;
         let backend = choose_backend(args, spec_backend(&spec)?, &plan);
-        let results = measure(&plan, backend)?;
+        let results = measure(&plan, backend, &protocol(args), args.quiet)?;
         write_output(args, &results)?;
+        print_comparison(args, &plan, &results)?;
         if args.report_to.is_some() {
             post_async(args, &client, &plan, Some((&ns, &object)), &results).await
         } else {

@@ -81,6 +81,10 @@ pub struct Args {
     /// Exhaustive search without pruning (every candidate examined; slower, same answer).
     #[arg(long)]
     pub no_prune: bool,
+    /// Score the candidates with an oracle calibrated by a benchmark report (as
+    /// `primus project --calibration`).
+    #[arg(long, value_name = "REPORT")]
+    pub calibration: Option<PathBuf>,
     /// Seed of the evolutionary searcher.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -383,11 +387,18 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         (Value::Null, true)
     };
 
+    let calibrated = match &args.calibration {
+        Some(path) => Some(super::project::load_calibration(path, &p.scenario)?),
+        None => None,
+    };
     let progress = Arc::new(Progress::new());
     let show = !args.quiet && std::io::stderr().is_terminal();
     let display = ProgressDisplay::start(progress.clone(), show);
     let opts = TuneOptions {
-        timer: &AnalyticTimer,
+        timer: match &calibrated {
+            Some(t) => t,
+            None => &AnalyticTimer,
+        },
         top_k: args.top,
         progress: Some(&progress),
     };

@@ -301,7 +301,7 @@ pub(super) fn time_model(
         hardware: hw,
         precision: s.training.precision,
     };
-    let topo = Topology::of_scenario(s);
+    let topo = timer.topology(Topology::of_scenario(s));
     let place = Placement::of(&topo, gpus, l, dp);
     let d = Dims::of(s, l);
     let cc = CommContext { topo, place, d, l };
