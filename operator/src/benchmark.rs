@@ -215,10 +215,14 @@ fn age(meta: &ObjectMeta, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
-/// Whether a report matches what the plan needs: same shapes key, GPU product and backend.
+/// Whether a report matches what the plan needs: same shapes key, GPU and backend. The GPU
+/// matches by hardware profile (`gpu`, which the benchmark took from the plan) or by product:
+/// a GPU backend records the driver's device name (`NVIDIA H200`), which need not spell the
+/// profile's product (`NVIDIA H200 (SXM)`).
 pub fn matches(results: &BenchmarkResults, plan: &Plan, key: &str, backend: Backend) -> bool {
+    let hw = &plan.scenario.hardware;
     results.shapes_key == key
-        && results.gpu_product == plan.scenario.hardware.product
+        && (results.gpu == hw.name || results.gpu_product == hw.product)
         && results.backend == backend
 }
 
@@ -594,7 +598,12 @@ mod tests {
         assert!(!matches(&r, &plan, &key, Backend::Cuda));
         assert!(!matches(&r, &plan, "other", Backend::Simulate));
         let mut other = r.clone();
+        other.gpu = "mi300x".into();
         other.gpu_product = "AMD Instinct MI300X".into();
         assert!(!matches(&other, &plan, &key, Backend::Simulate));
+        // A GPU backend names the product as the driver does.
+        let mut measured = r.clone();
+        measured.gpu_product = "driver's own name".into();
+        assert!(matches(&measured, &plan, &key, Backend::Simulate));
     }
 }

@@ -3,6 +3,7 @@
 
 use primus_crds::{LayoutSummary, SearchSummary, TrainingPlanSpec};
 use primus_oracle::FieldError;
+use primus_oracle::calibrate::CalibratedTimer;
 use primus_oracle::compute::{AnalyticTimer, OpTimer};
 use primus_oracle::hardware::Vendor;
 use primus_oracle::layout::Layout;
@@ -138,11 +139,21 @@ pub fn validate(
     Ok(plan)
 }
 
-/// The op timer of a plan: calibrated by its benchmark report when the calibration can build
-/// one (a later issue: `calibrate.rs` has no report-to-timer conversion yet), else the
+/// The op timer of a plan: calibrated by its benchmark report when there is one and it can
+/// calibrate the plan (it measured the plan's GPU and holds a usable measurement), else the
 /// analytic roofline. Returns whether the timer is calibrated.
-pub fn timer_for(_report: Option<&BenchmarkResults>) -> (Box<dyn OpTimer + Send>, bool) {
-    (Box::new(AnalyticTimer), false)
+pub fn timer_for(
+    plan: &Plan,
+    report: Option<&BenchmarkResults>,
+) -> (Box<dyn OpTimer + Send>, bool) {
+    match report.map(|r| CalibratedTimer::new(&plan.scenario, r)) {
+        Some(Ok(timer)) => (Box::new(timer), true),
+        Some(Err(e)) => {
+            tracing::warn!(plan = %plan.name, error = %e, "benchmark report not used; projecting analytically");
+            (Box::new(AnalyticTimer), false)
+        }
+        None => (Box::new(AnalyticTimer), false),
+    }
 }
 
 /// What the tuner chose, as the status records it.
@@ -205,7 +216,7 @@ fn no_layout_message(r: &TuneResult) -> String {
 /// Choose the plan's layout: `spec.parallelism` as given with searcher `none`, else the
 /// tuner's best, scored with the (possibly calibrated) timer.
 pub fn choose(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<Choice, ChooseError> {
-    let (timer, calibrated) = timer_for(report);
+    let (timer, calibrated) = timer_for(plan, report);
     let opts = TuneOptions {
         timer: timer.as_ref(),
         ..TuneOptions::default()
@@ -345,6 +356,38 @@ mod tests {
             choose(&plan, None).unwrap().chosen.layout,
             choice.chosen.layout
         );
+    }
+
+    #[test]
+    fn a_benchmark_report_calibrates_the_choice() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(&format!(
+            "{BASE}parallelism: {{tp: 2, pp: 2}}\ntuning: {{searcher: none}}\n"
+        ));
+        let plan = validate(&s, "p", &c).unwrap();
+        let analytic = choose(&plan, None).unwrap();
+        // A simulated report calibrates to exactly the analytic numbers, marked calibrated.
+        let simulated = primus_oracle::bench::simulate::simulate(&plan, Default::default());
+        let same = choose(&plan, Some(&simulated)).unwrap();
+        assert!(same.chosen.calibrated);
+        assert_eq!(
+            same.chosen.step_time_seconds,
+            analytic.chosen.step_time_seconds
+        );
+        // Kernels measured at half the analytic speed: a slower step, still calibrated.
+        let mut slow = simulated.clone();
+        for o in &mut slow.ops {
+            o.median_seconds *= 2.0;
+        }
+        let slower = choose(&plan, Some(&slow)).unwrap();
+        assert!(slower.chosen.calibrated);
+        assert!(slower.chosen.step_time_seconds > 1.5 * analytic.chosen.step_time_seconds);
+        // A report of another GPU is not used.
+        let mut other = simulated;
+        other.gpu = "mi300x".into();
+        other.gpu_product = "AMD Instinct MI300X".into();
+        let (_, calibrated) = timer_for(&plan, Some(&other));
+        assert!(!calibrated);
     }
 
     #[test]

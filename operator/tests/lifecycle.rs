@@ -169,6 +169,8 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
     }
     let chosen = st.chosen.clone().expect("status.chosen");
     assert!(chosen.tokens_per_second_per_gpu > 0.0 && chosen.mfu > 0.0);
+    // Scored by the oracle the benchmark report calibrated.
+    assert!(chosen.calibrated);
     assert!(
         chosen.peak_memory_bytes > 0.0 && chosen.peak_memory_bytes <= chosen.usable_memory_bytes
     );
