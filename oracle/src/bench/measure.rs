@@ -459,6 +459,21 @@ mod tests {
         );
         // Wgrad reuses the casts.
         assert_eq!(pass_kernels(&op, Pass::Wgrad, true, None).len(), 1);
+        // FP8 dimensions are padded to multiples of 16 (1000 routed tokens -> 1008); BF16 ones
+        // are not.
+        let experts = Op::gemm("experts_fc1", 1000.0, 2048.0, 4096.0, 4.0, true);
+        assert!(matches!(
+            pass_kernels(&experts, Pass::Forward, true, None)[0],
+            Kernel::Gemm {
+                m: 1008,
+                count: 4,
+                ..
+            }
+        ));
+        assert!(matches!(
+            pass_kernels(&experts, Pass::Forward, false, None)[0],
+            Kernel::Gemm { m: 1000, .. }
+        ));
     }
 
     #[test]

@@ -177,16 +177,28 @@ pub fn runs_fp8(op: &Op, precision: Precision) -> bool {
     op.fp8 && precision == Precision::Fp8
 }
 
+/// FP8 GEMM dimensions are rounded up to a multiple of this.
+pub const FP8_ALIGN: u64 = 16;
+
 /// The kernels a GPU backend launches for one pass of an op.
 pub fn pass_kernels(op: &Op, pass: Pass, fp8: bool, att: Option<&AttentionDims>) -> Vec<Kernel> {
     let round = |x: f64| x.round().max(1.0) as u64;
     match op.class {
         OpClass::Gemm | OpClass::GroupedGemm => {
             let (m, n, k) = gemm_pass_dims(op, pass);
+            // FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt and hipBLASLt leading
+            // dimensions; Transformer Engine pads routed tokens the same way).
+            let dim = |x: f64| {
+                if fp8 {
+                    round(x).div_ceil(FP8_ALIGN) * FP8_ALIGN
+                } else {
+                    round(x)
+                }
+            };
             let mut out = vec![Kernel::Gemm {
-                m: round(m),
-                n: round(n),
-                k: round(k),
+                m: dim(m),
+                n: dim(n),
+                k: dim(k),
                 batch: 1,
                 count: round(op.groups),
                 fp8,
