@@ -2,10 +2,11 @@
 //! backend (`simulate`, `rocm`, `cuda`).
 //!
 //! The cases come from the projection's own op lists ([`crate::compute::layer_ops`],
-//! [`embedding_ops`], [`head_ops`]) at the downscaled layout ([`crate::bench::downscale`]): one
-//! dense and (for MoE models) one MoE decoder layer, the embedding and the output layer with its
-//! loss, each op in its forward, dgrad and wgrad passes, so a measurement carries the name and
-//! shape the calibration ([`crate::calibrate`]) looks up. Each case also lists the kernels a GPU
+//! [`crate::compute::embedding_ops`], [`crate::compute::head_ops`]) at the downscaled layout
+//! ([`crate::bench::downscale()`]): one dense layer (models that have them) and one MoE layer
+//! (MoE models), the embedding and the output layer with its loss, each op in its forward,
+//! dgrad and wgrad passes, so a measurement carries the name and shape the calibration
+//! ([`crate::calibrate`]) looks up. Each case also lists the kernels a GPU
 //! backend launches for it ([`Kernel`]):
 //! - a GEMM pass runs as the GEMM the pass launches (M x N x K, see [`pass_shape`]), once per
 //!   local expert for grouped GEMMs, in the plan's precision (FP8 inputs for the Transformer

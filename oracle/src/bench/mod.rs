@@ -1,5 +1,5 @@
 //! Single-node benchmarks: which layout a benchmark measures (the plan's layout shrunk to one
-//! node, [`downscale`]), what it measures there and how samples become a report ([`measure`]),
+//! node, [`downscale()`]), what it measures there and how samples become a report ([`measure`]),
 //! the key under which its results can be reused, and the backends: `simulate` produces a
 //! [`BenchmarkResults`](crate::report::BenchmarkResults) from the analytic model when no GPU is
 //! there ([`simulate`]); `rocm` (feature `rocm`: HIP, hipBLASLt, RCCL) and `cuda` (feature

@@ -1,7 +1,7 @@
 //! The `rocm` benchmark backend (feature `rocm`): AMD GPUs through the HIP runtime (hip-sys:
 //! devices, memory, streams, events; `libamdhip64` is linked at build time), hipBLASLt for the
 //! GEMMs and RCCL for the collectives, both loaded at run time from the ROCm install
-//! ([`crate::bench::hip_ffi`]).
+//! (`bench/hip_ffi.rs`).
 //!
 //! GEMMs run like the `cuda` backend's: "TN" (D (n x m, column-major) = A^T . B, A the k x n
 //! weights, B the k x m activations), FP32 accumulation, BF16 output, a 32 MiB workspace and the

@@ -254,7 +254,7 @@ pub fn pass_kernels(op: &Op, pass: Pass, fp8: bool, att: Option<&AttentionDims>)
 }
 
 /// The card the measured MoE layer uses: the card's experts divided like EP was
-/// ([`Downscaled::experts`]).
+/// ([`crate::bench::Downscaled::experts`]).
 pub fn measured_card(card: &ModelCard, experts: Option<u32>) -> ModelCard {
     let mut card = card.clone();
     if let (Some(m), Some(e)) = (card.moe.as_mut(), experts) {
