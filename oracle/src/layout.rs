@@ -5,9 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 mod pipeline;
+mod recompute;
 mod rules;
 
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
+pub use recompute::{ModuleSet, RecomputeModule};
 pub use rules::LayoutError;
 
 /// Activation recomputation granularity.
@@ -20,7 +22,8 @@ pub enum Recompute {
     /// Keep every activation.
     #[default]
     None,
-    /// Recompute the attention core only (Korthikanti et al. 2022 "selective").
+    /// Recompute the submodules `recomputeModules` lists; without it the attention core only
+    /// (Korthikanti et al. 2022 "selective", Megatron's default `[core_attn]`).
     Selective,
     /// Keep only each layer's input; recompute the whole layer in the backward pass.
     Full,
@@ -105,6 +108,11 @@ pub struct Layout {
     /// --recompute-num-layers N`; 0 = every layer.
     #[serde(default)]
     pub recompute_layers: u32,
+    /// With selective recompute: the submodules recomputed, as Megatron's
+    /// `--recompute-modules` (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
+    /// shared_experts); absent = Megatron's default `[core_attn]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_modules: Option<Vec<RecomputeModule>>,
     /// Sequence parallelism over the TP group (only meaningful with tp > 1).
     #[serde(default = "yes")]
     pub sequence_parallel: bool,
@@ -153,6 +161,7 @@ impl Default for Layout {
             micro_batch_size: 1,
             recompute: Recompute::None,
             recompute_layers: 0,
+            recompute_modules: None,
             sequence_parallel: true,
             distributed_optimizer: true,
             fsdp: false,
@@ -200,7 +209,18 @@ impl Layout {
         self.sequence_parallel && self.tp > 1
     }
 
-    /// Compact one-line label, e.g. `TP4 PP8 VPP5 CP1 EP1 MBS1 none 1f1b`.
+    /// The submodules selective recompute reruns: `recomputeModules` (or Megatron's default
+    /// `[core_attn]`) with recompute selective, none otherwise.
+    pub fn recompute_set(&self) -> ModuleSet {
+        match (self.recompute, &self.recompute_modules) {
+            (Recompute::Selective, Some(m)) => ModuleSet::of(m),
+            (Recompute::Selective, None) => ModuleSet::DEFAULT,
+            _ => ModuleSet::EMPTY,
+        }
+    }
+
+    /// Compact one-line label, e.g. `TP4 PP8 VPP5 MBS1 interleaved`, with
+    /// `recompute=selective(moe_act+layernorm)` when recompute modules are given.
     pub fn label(&self) -> String {
         let mut s = format!("TP{} PP{}", self.tp, self.pp);
         if self.vpp > 1 {
@@ -228,7 +248,13 @@ impl Layout {
         s.push_str(&format!(" MBS{}", self.micro_batch_size));
         match self.recompute {
             Recompute::None => {}
-            Recompute::Selective => s.push_str(" recompute=selective"),
+            Recompute::Selective => match &self.recompute_modules {
+                Some(m) => s.push_str(&format!(
+                    " recompute=selective({})",
+                    m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("+")
+                )),
+                None => s.push_str(" recompute=selective"),
+            },
             Recompute::Full if self.recompute_layers > 0 => {
                 s.push_str(&format!(" recompute=full({})", self.recompute_layers))
             }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::FieldError;
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
 use crate::plan::{Precision, Scenario, Training};
 
@@ -27,6 +27,8 @@ pub mod flag {
     pub const RECOMPUTE_GRANULARITY: &str = "--recompute-granularity";
     pub const RECOMPUTE_METHOD: &str = "--recompute-method";
     pub const RECOMPUTE_NUM_LAYERS: &str = "--recompute-num-layers";
+    /// Takes a list: the values up to the next flag.
+    pub const RECOMPUTE_MODULES: &str = "--recompute-modules";
     pub const DIST_OPT: &str = "--use-distributed-optimizer";
     pub const SP: &str = "--sequence-parallel";
     pub const FSDP: &str = "--use-torch-fsdp2";
@@ -123,7 +125,13 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     kv(flag::SEQ, s.training.seq_length.to_string());
     match l.recompute {
         Recompute::None => {}
-        Recompute::Selective => kv(flag::RECOMPUTE_GRANULARITY, "selective".into()),
+        Recompute::Selective => {
+            kv(flag::RECOMPUTE_GRANULARITY, "selective".into());
+            if let Some(modules) = &l.recompute_modules {
+                a.push(flag::RECOMPUTE_MODULES.into());
+                a.extend(modules.iter().map(|m| m.as_str().to_string()));
+            }
+        }
         Recompute::Full => {
             kv(flag::RECOMPUTE_GRANULARITY, "full".into());
             kv(flag::RECOMPUTE_METHOD, "block".into());
@@ -240,8 +248,11 @@ pub fn model_args(m: &ModelCard) -> Vec<String> {
     a
 }
 
-/// Flags found in a command line: flag -> value (None for switches). The last occurrence wins,
-/// as with argparse.
+/// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
+const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES];
+
+/// Flags found in a command line: flag -> value (None for switches; the words of a list flag
+/// joined by single spaces). The last occurrence wins, as with argparse.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MegatronArgs {
     values: BTreeMap<String, Option<String>>,
@@ -319,6 +330,15 @@ impl MegatronArgs {
             }
             if SWITCHES.contains(&t.as_str()) {
                 values.insert(t.clone(), None);
+                continue;
+            }
+            if LISTS.contains(&t.as_str()) {
+                let mut words = Vec::new();
+                while let Some(n) = tokens.get(i).filter(|n| !n.starts_with("--")) {
+                    words.push(n.as_str());
+                    i += 1;
+                }
+                values.insert(t.clone(), Some(words.join(" ")));
                 continue;
             }
             let value = tokens.get(i).filter(|n| !n.starts_with("--")).cloned();
@@ -426,6 +446,26 @@ impl MegatronArgs {
                 ));
             }
         };
+        // Megatron reads --recompute-modules only with selective granularity.
+        if l.recompute == Recompute::Selective
+            && let Some(list) = self.get(flag::RECOMPUTE_MODULES)
+        {
+            let modules = list
+                .split_whitespace()
+                .map(|w| {
+                    RecomputeModule::parse(w).ok_or_else(|| {
+                        FieldError::new(
+                            flag::RECOMPUTE_MODULES,
+                            format!(
+                                "{w:?} is not a recompute module ({})",
+                                RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
+                            ),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            l.recompute_modules = Some(modules);
+        }
         if l.recompute == Recompute::Full {
             let n: u32 = self.num(flag::RECOMPUTE_NUM_LAYERS)?.unwrap_or(0);
             let per_stage = layers.div_ceil(l.pp.max(1));
@@ -678,6 +718,13 @@ mod tests {
                 overlap_param_gather: true,
                 ..Layout::default()
             },
+            Layout {
+                tp: 4,
+                pp: 4,
+                recompute: Recompute::Selective,
+                recompute_modules: Some(vec![RecomputeModule::Mlp, RecomputeModule::CoreAttn]),
+                ..Layout::default()
+            },
         ];
         for l in cases {
             let args = layout_args(&s, &l);
@@ -686,6 +733,89 @@ mod tests {
             assert_eq!(back, l, "flags {args:?}");
             assert_eq!(parsed.training().unwrap(), Some(s.training));
         }
+    }
+
+    #[test]
+    fn recompute_modules_round_trip_as_a_list_up_to_the_next_flag() {
+        use RecomputeModule::*;
+        let c = Catalog::builtin().unwrap();
+        let s = Scenario {
+            model: c.model("gpt-oss-120b").unwrap().clone(),
+            ..scenario("llama3.1-70b", "h100-sxm", 64)
+        };
+        // The Megatron-Bridge gpt-oss-120b H100 recipe's modules (layernorm, moe_act).
+        let l = Layout {
+            pp: 4,
+            ep: 8,
+            recompute: Recompute::Selective,
+            recompute_modules: Some(vec![Layernorm, MoeAct]),
+            sequence_parallel: false,
+            ..Layout::default()
+        };
+        let args = layout_args(&s, &l);
+        let at = args
+            .iter()
+            .position(|a| a == "--recompute-modules")
+            .unwrap();
+        assert_eq!(args[at + 1..at + 3], ["layernorm", "moe_act"], "{args:?}");
+        assert!(args[at + 3].starts_with("--"), "{args:?}");
+        let parsed = MegatronArgs::parse(args.iter().map(String::as_str));
+        assert_eq!(
+            parsed.get(flag::RECOMPUTE_MODULES),
+            Some("layernorm moe_act")
+        );
+        assert_eq!(parsed.layout(&s.model).unwrap(), l);
+        // In a shell script, at the end of the line, and in the equals form.
+        let script = "python pretrain_gpt.py --recompute-granularity selective \
+            --recompute-modules core_attn moe_act --seq-length 4096";
+        let a = MegatronArgs::parse(["bash", "-c", script]);
+        let got = a.layout(&s.model).unwrap();
+        assert_eq!(got.recompute_modules, Some(vec![CoreAttn, MoeAct]));
+        assert_eq!(a.get(flag::SEQ), Some("4096"));
+        let a = MegatronArgs::parse([
+            "--recompute-granularity",
+            "selective",
+            "--recompute-modules",
+            "mlp",
+        ]);
+        assert_eq!(
+            a.layout(&s.model).unwrap().recompute_modules,
+            Some(vec![Mlp])
+        );
+        let a = MegatronArgs::parse([
+            "--recompute-granularity=selective",
+            "--recompute-modules=moe",
+        ]);
+        assert_eq!(
+            a.layout(&s.model).unwrap().recompute_modules,
+            Some(vec![Moe])
+        );
+        // An empty list (argparse nargs='*') recomputes nothing; without selective granularity
+        // Megatron ignores the list, and so do we; unknown names are an error naming the flag.
+        let a = MegatronArgs::parse([
+            "--recompute-granularity",
+            "selective",
+            "--recompute-modules",
+            "--bf16",
+        ]);
+        assert_eq!(a.layout(&s.model).unwrap().recompute_modules, Some(vec![]));
+        assert!(a.has(flag::BF16));
+        let a = MegatronArgs::parse(["--recompute-modules", "moe_act"]);
+        let got = a.layout(&s.model).unwrap();
+        assert_eq!(
+            (got.recompute, got.recompute_modules),
+            (Recompute::None, None)
+        );
+        let a = MegatronArgs::parse([
+            "--recompute-granularity",
+            "selective",
+            "--recompute-modules",
+            "moe_act",
+            "attention",
+        ]);
+        let e = a.layout(&s.model).unwrap_err();
+        assert_eq!(e.field, "--recompute-modules");
+        assert!(e.message.contains("\"attention\""), "{e}");
     }
 
     #[test]

@@ -140,7 +140,7 @@ struct Ctx<'a> {
     moe_dense_linear: f64,
     moe_expert_linear: f64,
     /// Per micro-batch activation bytes of a layer as the layout keeps it (everything, or all
-    /// but the attention core with selective recompute), of a layer keeping everything, of a
+    /// but what the selective-recompute modules rerun), of a layer keeping everything, of a
     /// fully recomputed layer (its input), and its deferred-W bytes.
     act_dense: f64,
     act_moe: f64,
@@ -173,10 +173,7 @@ impl<'a> Ctx<'a> {
         let vocab_padded = card.vocab_size.div_ceil(pad) * pad;
         let dense = card.layer_params(LayerKind::Dense);
         let moe = card.layer_params(LayerKind::Moe);
-        let keep = match l.recompute {
-            Recompute::Selective => Keep::Selective,
-            _ => Keep::All,
-        };
+        let keep = Keep::of(l);
         let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
         let precision = s.training.precision;
         let zero_bubble = l.schedule == Schedule::ZeroBubble;
@@ -329,8 +326,9 @@ impl<'a> Ctx<'a> {
             let mut per_mb = (nd - rd) as f64 * self.act_dense
                 + (nm - rm) as f64 * self.act_moe
                 + recomputed as f64 * self.act_input;
-            // The backward pass of a recomputed layer (or attention core) rematerialises what
-            // it did not keep, for one micro-batch at a time.
+            // The backward pass of a recomputed layer (or of its selective-recompute modules)
+            // rematerialises what it did not keep, one layer of one micro-batch at a time:
+            // transient = act_all - act_kept of the largest such layer.
             if rd > 0 {
                 recompute_transient = recompute_transient.max(self.act_all_dense - self.act_input);
             }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{FieldError, PlanError};
 use crate::hardware::HardwareProfile;
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::ModelCard;
 use crate::profiles::Catalog;
 
@@ -138,6 +138,10 @@ pub struct FixedAxes {
     /// Pin the layers per stage recomputed with full recompute (0 = all) to this value.
     pub recompute_layers: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the modules selective recompute reruns (Megatron's `--recompute-modules`) to this
+    /// list; implies recompute selective.
+    pub recompute_modules: Option<Vec<RecomputeModule>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Pin the sequence parallelism to this value.
     pub sequence_parallel: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,6 +184,10 @@ pub struct AllowedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Allowed values of the recomputation granularity.
     pub recompute: Option<Vec<Recompute>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed module lists of selective recompute (Megatron's `--recompute-modules`), e.g.
+    /// `[[core_attn], [layernorm, moe_act]]`; `[core_attn]` is Megatron's default.
+    pub recompute_modules: Option<Vec<Vec<RecomputeModule>>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Allowed values of the pipeline schedule.
     pub schedule: Option<Vec<Schedule>>,

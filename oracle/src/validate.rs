@@ -12,6 +12,11 @@
 //! Columns beyond the published ones are accepted when they name a layout field
 //! (`pipelineLayout`, `firstStageLayers`, `tpCommOverlap`, ...): they are passed to the layout
 //! as given.
+//!
+//! The `recompute` column takes `none`, `full`, `selective` (Megatron's default modules,
+//! `[core_attn]`) or `selective(MODULES)` with Megatron's `--recompute-modules` names joined by
+//! `+`, e.g. `selective(layernorm+moe_act)`; a `recomputeModules` column in the same `+` form
+//! does the same.
 
 use std::collections::BTreeMap;
 
@@ -58,6 +63,7 @@ const LAYOUT_COLUMNS: &[&str] = &[
     "microBatchSize",
     "recompute",
     "recomputeLayers",
+    "recomputeModules",
     "sequenceParallel",
     "distributedOptimizer",
     "fsdp",
@@ -284,9 +290,34 @@ impl Row<'_> {
     }
 }
 
+/// Module names of a `+`-joined list (`layernorm+moe_act`), as the JSON list
+/// `spec.parallelism.recomputeModules` takes (the layout's deserializer judges the names).
+fn module_list(v: &str) -> serde_json::Value {
+    serde_json::Value::Array(
+        v.split('+')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(|w| serde_json::Value::String(w.to_string()))
+            .collect(),
+    )
+}
+
+/// Split a `recompute` cell: `selective(layernorm+moe_act)` is selective recompute with those
+/// modules; other values pass through.
+fn recompute_cell(v: &str) -> (&str, Option<serde_json::Value>) {
+    match v
+        .strip_prefix("selective(")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        Some(list) => ("selective", Some(module_list(list))),
+        None => (v, None),
+    }
+}
+
 /// Turn a layout cell into the JSON value the `spec.parallelism` field expects.
 fn layout_value(col: &str, v: &str) -> serde_json::Value {
     match col {
+        "recomputeModules" => module_list(v),
         "recompute" | "schedule" | "pipelineLayout" => serde_json::Value::String(v.to_string()),
         _ => match v.to_ascii_lowercase().as_str() {
             "true" => serde_json::Value::Bool(true),
@@ -445,7 +476,15 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
     for col in header {
         if LAYOUT_COLUMNS.contains(&col.as_str()) {
             let v = row.get(col);
-            if !v.is_empty() {
+            if col == "recompute" {
+                let (granularity, modules) = recompute_cell(v);
+                if let Some(m) = modules {
+                    obj.insert("recomputeModules".into(), m);
+                }
+                if !granularity.is_empty() {
+                    obj.insert(col.clone(), layout_value(col, granularity));
+                }
+            } else if !v.is_empty() {
                 obj.insert(col.clone(), layout_value(col, v));
             }
         }
@@ -563,6 +602,7 @@ fn summarize(rows: Vec<RowResult>, records: &[(usize, Vec<String>)], header: &[S
         "source",
         "recompute",
         "recomputeLayers",
+        "recomputeModules",
         "measuredTokensPerSecondPerGpu",
         "measuredTflopsPerGpu",
         "notes",

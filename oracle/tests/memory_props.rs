@@ -1,9 +1,10 @@
 //! Properties of the memory model over random legal layouts: memory is never negative; more
-//! recomputation never increases activation memory; more data parallelism never increases
+//! recomputation (a coarser granularity, more layers, one more selective-recompute module)
+//! never increases activation memory; more data parallelism never increases
 //! the per-GPU optimizer memory with the distributed optimizer; more pipeline parallelism
 //! never increases the bottleneck stage's weights.
 
-use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use primus_oracle::memory::estimate;
 use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
 use primus_oracle::profiles::Catalog;
@@ -216,5 +217,52 @@ proptest! {
         let wa = a.stages[a.bottleneck_stage as usize].weights_bytes;
         let wb = b.stages[b.bottleneck_stage as usize].weights_bytes;
         prop_assert!(wb <= wa, "pp {} -> {}: bottleneck weights {wa} -> {wb}", l.pp, l2.pp);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..config() })]
+
+    #[test]
+    fn adding_a_recompute_module_never_increases_activations(
+        c in case(),
+        bits in 0u8..128,
+        added in 0usize..7,
+    ) {
+        // Selective recompute of a random module set, then of the set with one more module:
+        // no stage's activations (rematerialisation included) grow.
+        let (s, base) = build(&c);
+        let legal = |m: &RecomputeModule| match m {
+            RecomputeModule::MoeAct | RecomputeModule::Moe | RecomputeModule::SharedExperts => {
+                s.model.moe.is_some()
+            }
+            RecomputeModule::MlaUpProj => s.model.mla.is_some(),
+            _ => true,
+        };
+        let set: Vec<RecomputeModule> = RecomputeModule::ALL
+            .into_iter()
+            .enumerate()
+            .filter(|(i, m)| bits & (1 << i) != 0 && legal(m))
+            .map(|(_, m)| m)
+            .collect();
+        let m = RecomputeModule::ALL[added];
+        prop_assume!(legal(&m) && !set.contains(&m));
+        let with = |modules: Vec<RecomputeModule>| Layout {
+            recompute: Recompute::Selective,
+            recompute_modules: Some(modules),
+            ..base.clone()
+        };
+        let before = with(set.clone());
+        prop_assume!(before.check(&s).is_ok());
+        let mut more = set.clone();
+        more.push(m);
+        let after = with(more);
+        let acts = |l: &Layout| -> Vec<f64> {
+            estimate(&s, l).stages.iter().map(|st| st.activations_bytes).collect()
+        };
+        let (a, b) = (acts(&before), acts(&after));
+        for (x, y) in b.iter().zip(&a) {
+            prop_assert!(*x <= *y * (1.0 + 1e-12), "adding {m} to {set:?}: {a:?} -> {b:?}");
+        }
     }
 }

@@ -400,3 +400,70 @@ fn bad_templates_name_the_field() {
         assert_eq!(e.field, field, "{e}");
     }
 }
+
+#[test]
+fn the_templates_recompute_module_list_is_replaced_by_the_layouts() {
+    // A template that recomputes other modules (a list flag: every word up to the next flag)
+    // gets the layout's list instead, in argument lists and in shell scripts alike.
+    use primus_oracle::layout::RecomputeModule::{CoreAttn, Mlp};
+    let s = scenario("mi300x", 16);
+    let l = Layout {
+        tp: 8,
+        pp: 2,
+        recompute: Recompute::Selective,
+        recompute_modules: Some(vec![Mlp, CoreAttn]),
+        ..Layout::default()
+    };
+    let args_template = json!({
+        "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "img",
+            "args": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                     "layernorm", "--lr", "3e-4", "--recompute-modules=mlp"]
+        }]}}}}
+    });
+    let job = pytorchjob(
+        "p",
+        None,
+        &s,
+        &l,
+        Some(&args_template),
+        &JobOptions::default(),
+    )
+    .unwrap();
+    let a = args(&container(&job, "Worker"));
+    assert_eq!(&a[..2], &["--lr", "3e-4"], "{a:?}");
+    assert!(
+        !a.iter()
+            .any(|w| w == "layernorm" || w.starts_with("--recompute-modules="))
+    );
+    let at = a.iter().position(|w| w == "--recompute-modules").unwrap();
+    assert_eq!(&a[at + 1..at + 3], &["mlp", "core_attn"], "{a:?}");
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.recompute_modules, l.recompute_modules);
+
+    let script = "torchrun pretrain_gpt.py --recompute-granularity selective \\\n  --recompute-modules core_attn layernorm \\\n  --save /ckpt";
+    let script_template = json!({
+        "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "img", "command": ["bash", "-c"], "args": [script]
+        }]}}}}
+    });
+    let job = pytorchjob(
+        "p",
+        None,
+        &s,
+        &l,
+        Some(&script_template),
+        &JobOptions::default(),
+    )
+    .unwrap();
+    let a = args(&container(&job, "Worker"));
+    let script = &a[0];
+    assert!(!script.contains("layernorm"), "{script}");
+    assert!(script.contains("--save /ckpt"), "{script}");
+    let back = MegatronArgs::parse(["bash", "-c", script.as_str()])
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.recompute_modules, l.recompute_modules, "{script}");
+}

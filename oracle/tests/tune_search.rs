@@ -3,7 +3,7 @@
 //! chosen layout fails the memory check, seed and evolutionary never beat exhaustive, results
 //! repeat exactly, and searcher `none` projects the plan's layout as given.
 
-use primus_oracle::layout::{Layout, PipelineLayout, Recompute, Schedule};
+use primus_oracle::layout::{Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
 use primus_oracle::memory;
 use primus_oracle::plan::{AllowedAxes, Plan, SearcherKind, parse_plan};
 use primus_oracle::profiles::Catalog;
@@ -61,7 +61,7 @@ fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
                                     Schedule::ZeroBubble,
                                 ] {
                                     for (fsdp, distopt) in [(false, true), (true, false)] {
-                                        for recompute in a.recompute.clone().unwrap() {
+                                        for (recompute, recompute_modules) in recompute_options(a) {
                                             let counts: Vec<u32> = if recompute == Recompute::Full {
                                                 (0..=s.model.layers).collect()
                                             } else {
@@ -97,6 +97,7 @@ fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
                                                     micro_batch_size: mbs,
                                                     recompute,
                                                     recompute_layers: k,
+                                                    recompute_modules: recompute_modules.clone(),
                                                     schedule,
                                                     fsdp,
                                                     distributed_optimizer: distopt,
@@ -128,6 +129,27 @@ fn brute_force(p: &Plan, a: &AllowedAxes) -> Option<(Layout, f64)> {
     best
 }
 
+/// Every recompute granularity of the allowed list with, for selective, every allowed module
+/// list (`[core_attn]`, Megatron's default, written as no list).
+fn recompute_options(a: &AllowedAxes) -> Vec<(Recompute, Option<Vec<RecomputeModule>>)> {
+    let mut out = Vec::new();
+    for r in a.recompute.clone().unwrap() {
+        if r != Recompute::Selective {
+            out.push((r, None));
+            continue;
+        }
+        for m in a
+            .recompute_modules
+            .clone()
+            .expect("the test lists every axis")
+        {
+            let m = (m != [RecomputeModule::CoreAttn]).then_some(m);
+            out.push((r, m));
+        }
+    }
+    out
+}
+
 fn small_space(dense: bool) -> AllowedAxes {
     AllowedAxes {
         tp: Some(vec![1, 2, 4, 8]),
@@ -138,6 +160,24 @@ fn small_space(dense: bool) -> AllowedAxes {
         etp: Some(if dense { vec![1] } else { vec![1, 2] }),
         micro_batch_size: Some(vec![1, 2, 4]),
         recompute: Some(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        recompute_modules: Some(if dense {
+            vec![
+                vec![RecomputeModule::CoreAttn],
+                vec![RecomputeModule::Mlp],
+                vec![RecomputeModule::CoreAttn, RecomputeModule::Mlp],
+            ]
+        } else {
+            vec![
+                vec![RecomputeModule::CoreAttn],
+                vec![RecomputeModule::MoeAct],
+                vec![RecomputeModule::MoeAct, RecomputeModule::Layernorm],
+                vec![
+                    RecomputeModule::CoreAttn,
+                    RecomputeModule::MoeAct,
+                    RecomputeModule::Layernorm,
+                ],
+            ]
+        }),
         schedule: None,
     }
 }
@@ -498,14 +538,7 @@ fn the_throughput_bound_holds_for_every_legal_layout() {
                     let Ok(t) = projection::step_time(s, &l) else {
                         continue;
                     };
-                    let none = space.layout(
-                        &st,
-                        mbs,
-                        RecomputeChoice {
-                            recompute: Recompute::None,
-                            layers: 0,
-                        },
-                    );
+                    let none = space.layout(&st, mbs, RecomputeChoice::NONE);
                     for key in [&l, &none] {
                         let ub = bound.upper(&ctx, key).expect("a legal layout has a bound");
                         assert!(

@@ -242,6 +242,7 @@ install_complete() {
     [[ -x $BIN/$c ]] || return 1
   done
   for c in openssl jq curl flock rsvg-convert; do command -v "$c" >/dev/null || return 1; done
+  [[ -e /usr/include/hip/hip_runtime_api.h ]] || return 1
 }
 
 cmd_install() {
@@ -256,7 +257,9 @@ cmd_install() {
     return 0
   fi
   # librsvg2-bin: rsvg-convert renders `primus timeline` SVGs in the tests.
-  local pkgs=(etcd-server prometheus lua5.1 openssl jq curl librsvg2-bin)
+  # libamdhip64-dev: HIP headers and libamdhip64 so the oracle's `rocm` feature (hip-sys)
+  # compiles and links in CI (built with HIP_PATH=/usr); no AMD GPU is needed for that.
+  local pkgs=(etcd-server prometheus lua5.1 openssl jq curl librsvg2-bin libamdhip64-dev)
   sys_cmd kubectl >/dev/null || pkgs+=(kubernetes-client)
   apt_install "${pkgs[@]}"
   if [[ ! -x $K8S_DIR/kube-apiserver || ! -x $K8S_DIR/kube-controller-manager ]]; then build_k8s; fi

@@ -239,6 +239,7 @@ pub fn flag_for_field(field: &str) -> Option<&'static str> {
         "microBatchSize" => flag::MBS,
         "recompute" => flag::RECOMPUTE_GRANULARITY,
         "recomputeLayers" => flag::RECOMPUTE_NUM_LAYERS,
+        "recomputeModules" => flag::RECOMPUTE_MODULES,
         "sequenceParallel" => flag::SP,
         "distributedOptimizer" => flag::DIST_OPT,
         "fsdp" => flag::FSDP,

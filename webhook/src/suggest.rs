@@ -3,18 +3,26 @@
 //! optimizer, sequence parallelism, FSDP); single moves are tried first, then pairs of moves
 //! on different axes. Candidates are ranked by how many axes change, then by how large the
 //! change is (a cost per move), then by predicted memory. The search stops at its deadline.
+//!
+//! Recompute moves include Megatron's selective-recompute modules (`--recompute-modules`): the
+//! module lists the tuner tries for the model ([`default_module_sets`]), added to the job's
+//! own, priced by how much forward work they rerun, so that e.g. `moe_act layernorm` for an
+//! MoE model (element-wise work only) comes before full recompute.
 
 use std::time::Instant;
 
-use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::layout::{Layout, ModuleSet, Recompute, RecomputeModule, Schedule};
 use primus_oracle::megatron::flag;
 use primus_oracle::memory;
 use primus_oracle::plan::Scenario;
+use primus_oracle::tune::space::default_module_sets;
 
 /// One change to one axis of a layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Move {
     Recompute(Recompute, u32),
+    /// Selective recompute of these modules.
+    RecomputeModules(ModuleSet),
     Tp(u32),
     Pp(u32),
     Vpp(u32),
@@ -30,7 +38,7 @@ impl Move {
     /// Which axis the move changes (two moves on one axis never combine).
     fn axis(&self) -> u8 {
         match self {
-            Move::Recompute(..) => 0,
+            Move::Recompute(..) | Move::RecomputeModules(_) => 0,
             Move::Tp(_) => 1,
             Move::Pp(_) => 2,
             Move::Vpp(_) => 3,
@@ -47,6 +55,12 @@ impl Move {
             Move::Recompute(r, n) => {
                 l.recompute = r;
                 l.recompute_layers = n;
+                l.recompute_modules = None;
+            }
+            Move::RecomputeModules(m) => {
+                l.recompute = Recompute::Selective;
+                l.recompute_layers = 0;
+                l.recompute_modules = Some(m.to_vec());
             }
             Move::Tp(v) => {
                 l.tp = v;
@@ -105,6 +119,12 @@ impl Move {
             Move::Recompute(Recompute::None, _) => {
                 format!("no {}", flag::RECOMPUTE_GRANULARITY)
             }
+            Move::RecomputeModules(m) => format!(
+                "{} selective {} {}",
+                flag::RECOMPUTE_GRANULARITY,
+                flag::RECOMPUTE_MODULES,
+                m.iter().map(|x| x.as_str()).collect::<Vec<_>>().join(" ")
+            ),
             Move::Tp(v) => format!("{} {v}", flag::TP),
             Move::Pp(v) => format!("{} {v}", flag::PP),
             Move::Vpp(1) => format!("no {}", flag::VPP_SIZE),
@@ -173,19 +193,61 @@ fn larger_sizes(cur: u32, max: u32) -> Vec<u32> {
     out
 }
 
+/// The cost of recomputing a module, by how much forward work it reruns: element-wise work
+/// (`moe_act`, `layernorm`) least, the whole MoE block most.
+fn module_cost(m: RecomputeModule) -> f64 {
+    match m {
+        RecomputeModule::MoeAct | RecomputeModule::Layernorm => 0.25,
+        RecomputeModule::CoreAttn | RecomputeModule::MlaUpProj | RecomputeModule::SharedExperts => {
+            0.5
+        }
+        RecomputeModule::Mlp => 1.0,
+        RecomputeModule::Moe => 2.0,
+    }
+}
+
+/// Selective-recompute module moves from `l`: each of the tuner's module lists for the model
+/// joined to the job's own modules, when that adds one; cost 0.5 plus the added modules' costs
+/// (Megatron's default `[core_attn]` is the plain selective move).
+fn module_moves(s: &Scenario, l: &Layout) -> Vec<(Move, f64)> {
+    let current = l.recompute_set();
+    let mut out: Vec<(Move, f64)> = Vec::new();
+    for set in default_module_sets(s) {
+        if l.recompute == Recompute::None && set == ModuleSet::DEFAULT {
+            continue;
+        }
+        let next = current.union(set);
+        if next == current || out.iter().any(|(m, _)| *m == Move::RecomputeModules(next)) {
+            continue;
+        }
+        let added: f64 = next
+            .iter()
+            .filter(|m| !current.contains(*m))
+            .map(module_cost)
+            .sum();
+        out.push((Move::RecomputeModules(next), 0.5 + added));
+    }
+    out
+}
+
 /// Single moves from `l`, each with its cost.
 fn moves(s: &Scenario, l: &Layout) -> Vec<(Move, f64)> {
     let mut out = Vec::new();
     let layers = s.model.layers;
     let gpus = s.cluster.gpus;
-    // Recompute: selective, full for all layers, and full for the fewest layers that fit
-    // (added by the caller, which knows the limit).
+    // Recompute: selective (Megatron's default modules, and the module lists that save more),
+    // full for all layers, and full for the fewest layers that fit (added by the caller, which
+    // knows the limit).
     match l.recompute {
         Recompute::None => {
             out.push((Move::Recompute(Recompute::Selective, 0), 1.0));
+            out.extend(module_moves(s, l));
             out.push((Move::Recompute(Recompute::Full, 0), 3.0));
         }
-        Recompute::Selective => out.push((Move::Recompute(Recompute::Full, 0), 2.5)),
+        Recompute::Selective => {
+            out.extend(module_moves(s, l));
+            out.push((Move::Recompute(Recompute::Full, 0), 2.5));
+        }
         Recompute::Full if l.recompute_layers > 0 => {
             out.push((Move::Recompute(Recompute::Full, 0), 1.5))
         }

@@ -123,7 +123,16 @@ fn every_suggestion_is_a_legal_layout_that_fits_and_applying_it_is_admitted() {
         }
         match s.layout.recompute {
             Recompute::None => {}
-            Recompute::Selective => flags.push_str("--recompute-granularity selective "),
+            Recompute::Selective => {
+                flags.push_str("--recompute-granularity selective ");
+                if let Some(m) = &s.layout.recompute_modules {
+                    flags.push_str("--recompute-modules ");
+                    for x in m {
+                        flags.push_str(x.as_str());
+                        flags.push(' ');
+                    }
+                }
+            }
             Recompute::Full if s.layout.recompute_layers == 0 => flags.push_str(
                 "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ",
             ),
@@ -152,6 +161,71 @@ fn every_suggestion_is_a_legal_layout_that_fits_and_applying_it_is_admitted() {
         );
         assert!(warnings(&a).is_empty(), "{:?}", warnings(&a));
     }
+}
+
+#[test]
+fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
+    // gpt-oss-120b on 64 B200, PP1 EP8 MBS2, under a 162 GiB limit: 166.8 GiB as is; Megatron's
+    // default selective recompute (the attention core) saves only its softmax statistics,
+    // while recomputing the experts' activation (moe_act) brings it to 160.3 GiB, a smaller
+    // change than full recompute.
+    use primus_oracle::layout::{Layout, RecomputeModule};
+    use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+    use primus_webhook::suggest::{Move, search};
+    let c = Catalog::builtin().unwrap();
+    let s = Scenario {
+        model: c.model("gpt-oss-120b").unwrap().clone(),
+        hardware: c.hardware("b200").unwrap().clone(),
+        cluster: Cluster {
+            gpus: 64,
+            gpus_per_node: 8,
+        },
+        training: Training {
+            seq_length: 4096,
+            global_batch_size: 512,
+            precision: Precision::Bf16,
+        },
+    };
+    let l = Layout {
+        ep: 8,
+        micro_batch_size: 2,
+        ..Layout::default()
+    };
+    let limit = 162.0 * 1024f64.powi(3);
+    assert!(memory::peak_bytes(&s, &l).0 > limit);
+    let out = search(
+        &s,
+        &l,
+        limit,
+        std::time::Instant::now() + std::time::Duration::from_secs(5),
+        5,
+    );
+    let modules = out
+        .suggestions
+        .iter()
+        .position(|x| matches!(x.moves[..], [Move::RecomputeModules(_)]))
+        .expect("a recompute-modules suggestion");
+    let m = &out.suggestions[modules];
+    assert_eq!(
+        m.flags(),
+        "--recompute-granularity selective --recompute-modules moe_act"
+    );
+    assert_eq!(
+        m.layout.recompute_modules,
+        Some(vec![RecomputeModule::MoeAct])
+    );
+    assert!(m.layout.check(&s).is_ok() && m.peak_bytes <= limit);
+    // One suggestion per kind of change: the recompute one is the cheapest fitting recompute.
+    assert!(
+        !out.suggestions
+            .iter()
+            .any(|x| matches!(x.moves[..], [Move::Recompute(..)])),
+        "{:?}",
+        out.suggestions
+            .iter()
+            .map(|x| x.flags())
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]

@@ -10,7 +10,9 @@ use crate::validate::{Metric, Report, RowStatus, validate_file};
 pub struct Args {
     #[command(flatten)]
     pub common: Common,
-    /// CSV file in the format of shared/validation/published.csv.
+    /// CSV file in the format of shared/validation/published.csv. Its `recompute` column
+    /// takes none, selective, full, or selective(MODULES) with Megatron's --recompute-modules
+    /// names joined by `+`, e.g. selective(layernorm+moe_act).
     pub file: PathBuf,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t)]

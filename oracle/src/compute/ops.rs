@@ -3,6 +3,7 @@
 //! per GPU and micro-batch under a layout, with their FLOPs, bytes and shapes.
 
 use super::*;
+use crate::layout::{ModuleSet, RecomputeModule};
 
 /// The kinds of decoder layer whose cost differs: dense or MoE block, full or sliding-window
 /// attention. Costs are computed once per kind, not per layer.
@@ -286,6 +287,122 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     }
     ops.push(Op::memory("elementwise", elementwise, elementwise_kernels));
     ops
+}
+
+/// The selective-recompute modules whose checkpoint reruns the whole of a [`layer_ops`] op, by
+/// the op's name (Megatron-Core: `core_attn` wraps the attention core, `mla_up_proj` the
+/// up-projections, `mlp` the dense MLP, `moe` the whole MoE block, `shared_experts` the shared
+/// experts). Ops merged with work outside a module (the element-wise op, which also holds the
+/// norms, residual adds, rotary and activations) belong to none: [`recompute_ops`] adds the
+/// recomputed parts of them as their own ops.
+pub fn recomputed_by(name: &str) -> ModuleSet {
+    use RecomputeModule::*;
+    match name {
+        "attention" => ModuleSet::of(&[CoreAttn]),
+        "q_up" | "q_proj" | "kv_up" => ModuleSet::of(&[MlaUpProj]),
+        "fc1" | "fc2" => ModuleSet::of(&[Mlp]),
+        "router"
+        | "router_scores"
+        | "experts_fc1"
+        | "experts_fc2"
+        | "moe_permute"
+        | "moe_expert_elementwise" => ModuleSet::of(&[Moe]),
+        "shared_fc1" | "shared_fc2" => ModuleSet::of(&[Moe, SharedExperts]),
+        _ => ModuleSet::EMPTY,
+    }
+}
+
+/// The forward work that selective recompute of the modules `set` adds to the backward pass of
+/// one layer of the given shape, per GPU and micro-batch: the [`layer_ops`] ops a recomputed
+/// module holds whole ([`recomputed_by`]), and as ops of their own the recomputed parts of the
+/// layer's element-wise work, with the same bytes and kernels [`layer_ops`] counts for them:
+/// - `layernorm`: the separate norms, MLA's input norm and the MoE block's pre-MLP norm (read
+///   and write h per token of the SP shard, one kernel each; the norms Transformer Engine fuses
+///   into the QKV and fc1 linears are not rerun);
+/// - `mla_up_proj`: the rotary embedding of the local query and key heads (read and write their
+///   rotary dims, two kernels);
+/// - `mlp`: the dense MLP's activation; `moe`/`shared_experts`: the shared experts'
+///   activation (one kernel);
+/// - `moe_act` (without `moe`, which reruns the whole expert section): the routed experts'
+///   activation (one kernel; one per local expert for Megatron's SequentialMLP).
+pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleSet) -> OpList {
+    use RecomputeModule::*;
+    let mut out = OpList::default();
+    if set.is_empty() {
+        return out;
+    }
+    for op in layer_ops(card, d, shape).iter() {
+        if recomputed_by(op.name).intersects(set) {
+            out.push(*op);
+        }
+    }
+    let h = card.hidden_size as f64;
+    let t = d.tp;
+    let moe_layer = shape.kind == LayerKind::Moe && card.moe.is_some();
+    let act_bytes_per_width = |w: f64| match card.activation {
+        Activation::Swiglu => 3.0 * w,
+        Activation::Gelu => 2.0 * w,
+    };
+    if set.contains(Layernorm) {
+        // norm = tokens_sp * 2h * 2 bytes (read h, write h) per separate norm.
+        let separate = card.mla.is_some() as u32 + moe_layer as u32;
+        for _ in 0..separate {
+            out.push(Op::memory(
+                "norm_recompute",
+                d.tokens_sp() * 2.0 * h * ACT_BYTES,
+                1.0,
+            ));
+        }
+    }
+    if set.contains(MlaUpProj)
+        && let Some(m) = &card.mla
+    {
+        // rotary = tokens * 2 * (a + a) * d_rope / tp * 2 bytes (MLA: a key heads).
+        let heads = card.attention_heads as f64;
+        out.push(Op::memory(
+            "rotary_recompute",
+            d.tokens() * 2.0 * (heads + heads) * m.qk_rope_head_dim as f64 / t * ACT_BYTES,
+            2.0,
+        ));
+    }
+    match (moe_layer, &card.moe) {
+        (true, Some(moe)) => {
+            let shared = card.shared_expert_ffn() as f64;
+            if shared > 0.0 && set.intersects(ModuleSet::of(&[Moe, SharedExperts])) {
+                // shared activation = tokens * act_bytes(shared / tp) * 2 bytes.
+                out.push(Op::memory(
+                    "shared_act_recompute",
+                    d.tokens() * act_bytes_per_width(shared / t) * ACT_BYTES,
+                    1.0,
+                ));
+            }
+            if set.contains(MoeAct) && !set.contains(Moe) {
+                // expert activation = routed copies (busiest rank) * act_bytes(f_e / etp) * 2.
+                let local = (moe.num_experts as f64 / d.ep).max(1.0);
+                let routed = d.routed_tokens(moe.top_k as f64) * moe_load_imbalance(local, d.ep);
+                let fe = moe.moe_ffn_hidden_size as f64;
+                let mut op = Op::memory(
+                    "moe_act_recompute",
+                    routed * act_bytes_per_width(fe / d.etp) * ACT_BYTES,
+                    if card.mlp_bias { local } else { 1.0 },
+                );
+                op.after_sync = true;
+                out.push(op);
+            }
+        }
+        _ => {
+            if set.contains(Mlp) {
+                // dense activation = tokens * act_bytes(f / tp) * 2 bytes.
+                let f = card.ffn_hidden_size as f64;
+                out.push(Op::memory(
+                    "mlp_act_recompute",
+                    d.tokens() * act_bytes_per_width(f / t) * ACT_BYTES,
+                    1.0,
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The input embedding on the first pipeline stage: a vocab-parallel lookup writing the

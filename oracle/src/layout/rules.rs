@@ -3,7 +3,7 @@
 //! `megatron/training/arguments.py`, `megatron/core/parallel_state.py`,
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
-use super::{Layout, Recompute, Schedule};
+use super::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::plan::Scenario;
 
 /// One broken legality rule.
@@ -452,7 +452,51 @@ impl Layout {
         Ok(())
     }
 
+    /// `recomputeModules`: Megatron reads `--recompute-modules` only with selective
+    /// granularity; `moe_act` needs grouped-GEMM experts (an MoE model) and `mla_up_proj`
+    /// multi-latent attention (`TransformerConfig.__post_init__`); `moe` and
+    /// `shared_experts` recompute parts of the MoE block, so they need one too.
+    fn check_recompute_modules(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let Some(modules) = &self.recompute_modules else {
+            return Ok(());
+        };
+        const NAME: &str = "recomputeModules";
+        if self.recompute != Recompute::Selective {
+            return fail(
+                "recompute-modules-need-selective",
+                NAME,
+                format!(
+                    "recompute modules apply to selective recompute (Megatron's --recompute-modules with --recompute-granularity selective); recompute is {}",
+                    self.recompute.as_str()
+                ),
+            );
+        }
+        for (i, m) in modules.iter().enumerate() {
+            if modules[..i].contains(m) {
+                return fail("recompute-modules-unique", NAME, format!("lists {m} twice"));
+            }
+            let needs = match m {
+                RecomputeModule::MoeAct | RecomputeModule::Moe | RecomputeModule::SharedExperts
+                    if s.model.moe.is_none() =>
+                {
+                    "a mixture-of-experts model"
+                }
+                RecomputeModule::MlaUpProj if s.model.mla.is_none() => {
+                    "multi-latent attention (MLA)"
+                }
+                _ => continue,
+            };
+            return fail(
+                "recompute-module-fits-model",
+                NAME,
+                format!("{m} needs {needs}; model {} has none", s.model.name),
+            );
+        }
+        Ok(())
+    }
+
     fn check_recompute(&self, s: &Scenario) -> Result<(), LayoutError> {
+        self.check_recompute_modules(s)?;
         if self.recompute_layers == 0 {
             return Ok(());
         }

@@ -11,8 +11,15 @@
 //!   full recompute                       2*s*b*h (divided by t with sequence parallelism)
 //! Every term below is named after the tensor it counts; with the paper's regime the terms add
 //! up to exactly those formulas (tests check it).
+//!
+//! Megatron-Core's selective recompute modules (`--recompute-modules`, see
+//! [`crate::layout::RecomputeModule`]) each drop named terms: `core_attn` the softmax
+//! statistics (or scores), `layernorm` the outputs of the separate norms (MLA's input norm, the
+//! MoE block's pre-MLP norm), `mla_up_proj` MLA's Q, K and V, `mlp` everything inside a dense
+//! MLP but its input, `moe` everything inside the MoE block but its input, `shared_experts` the
+//! shared experts' activations, `moe_act` the routed experts' activation output.
 
-use crate::layout::{Layout, Schedule};
+use crate::layout::{Layout, ModuleSet, RecomputeModule, Schedule};
 use crate::model::{Activation, LayerKind, ModelCard};
 use crate::plan::Precision;
 
@@ -85,10 +92,34 @@ impl ActivationTerms {
 pub enum Keep {
     /// Everything the backward pass needs.
     All,
-    /// Everything but the attention core (Korthikanti's selective recompute).
+    /// Everything but the attention core (Korthikanti's selective recompute, Megatron's
+    /// default `[core_attn]`).
     Selective,
+    /// Everything but what these selective-recompute modules rerun.
+    Modules(ModuleSet),
     /// Only the layer's input (full recompute).
     Input,
+}
+
+impl Keep {
+    /// How a layout keeps its layers' activations (full recompute is per layer: the callers
+    /// pick [`Keep::Input`] for the recomputed ones).
+    pub fn of(l: &Layout) -> Keep {
+        match l.recompute_set() {
+            s if s.is_empty() => Keep::All,
+            s if s == ModuleSet::DEFAULT => Keep::Selective,
+            s => Keep::Modules(s),
+        }
+    }
+
+    /// The selective-recompute modules (none for [`Keep::All`] and [`Keep::Input`]).
+    pub fn modules(self) -> ModuleSet {
+        match self {
+            Keep::All | Keep::Input => ModuleSet::EMPTY,
+            Keep::Selective => ModuleSet::DEFAULT,
+            Keep::Modules(m) => m,
+        }
+    }
 }
 
 /// Bytes per element of a saved linear-layer input: 2 (BF16), 1 under FP8.
@@ -141,6 +172,8 @@ pub fn layer_terms(
         t.seq = ACT_BYTES * h;
         return t;
     }
+    let rc = keep.modules();
+    let recomputes = |m: RecomputeModule| rc.contains(m);
     let drop = if opts.dropout { MASK_BYTES * h } else { 0.0 };
     // Attention.
     let ln1_input = ACT_BYTES * h;
@@ -154,21 +187,32 @@ pub fn layer_terms(
         // Megatron-Core MLA: the down-projections run on the sequence-parallel input (kept
         // once for both), the latents are normed, then gathered over the sequence for the
         // TP-split up-projections.
-        let down_input = lin * h;
+        // down_input = lin*h, the output of MLA's separate input norm (`layernorm` drops it).
+        let down_input = if recomputes(RecomputeModule::Layernorm) {
+            0.0
+        } else {
+            lin * h
+        };
         let latent_norm_inputs = ACT_BYTES * (q_lora + kv_lora);
         let up_inputs = lin * (q_lora + kv_lora);
         t.seq += down_input + latent_norm_inputs;
         t.whole += up_inputs;
-        let q = ACT_BYTES * a * qk;
-        let k = ACT_BYTES * a * qk;
-        let v_ = ACT_BYTES * a * v;
+        // q + k + v = 2a(qk + qk + v), the up-projections' outputs after rotary
+        // (`mla_up_proj` drops them).
+        if !recomputes(RecomputeModule::MlaUpProj) {
+            let q = ACT_BYTES * a * qk;
+            let k = ACT_BYTES * a * qk;
+            let v_ = ACT_BYTES * a * v;
+            t.tensor += q + k + v_;
+        }
         let proj_input = lin * a * v;
-        t.tensor += q + k + v_ + proj_input;
+        t.tensor += proj_input;
     } else {
         let d = card.head_dim() as f64;
         let g = card.kv_heads() as f64;
         // QKV input 2sbh; Q and K 4sbh and V 2sbh with MHA (GQA shrinks K and V to g heads);
-        // the output projection's input 2sbh.
+        // the output projection's input 2sbh. The QKV input is the norm output of Transformer
+        // Engine's fused LayerNormLinear, which `layernorm` does not recompute.
         let qkv_input = lin * h;
         let q = ACT_BYTES * a * d;
         let k = ACT_BYTES * g * d;
@@ -177,7 +221,7 @@ pub fn layer_terms(
         t.seq += qkv_input;
         t.tensor += q + k + v + proj_input;
     }
-    if keep == Keep::All {
+    if !recomputes(RecomputeModule::CoreAttn) {
         if opts.flash_attention {
             // Flash attention keeps the fp32 log-sum-exp per head and query, not the scores.
             t.tensor += FP32_BYTES * a;
@@ -196,16 +240,31 @@ pub fn layer_terms(
     // MLP.
     let ln2_input = ACT_BYTES * h;
     let mlp_dropout_mask = drop;
-    let mlp_input = lin * h;
-    t.seq += ln2_input + mlp_input + mlp_dropout_mask;
+    t.seq += ln2_input + mlp_dropout_mask;
     match (kind, &card.moe) {
         (LayerKind::Moe, Some(m)) => {
+            let whole_block = recomputes(RecomputeModule::Moe);
+            // The MoE block's input is the output of its separate pre-MLP norm: lin*h as the
+            // experts' and router's saved input, or ACT_BYTES*h as the input `moe` keeps for
+            // its checkpoint; `layernorm` drops it either way.
+            let mlp_input = match (recomputes(RecomputeModule::Layernorm), whole_block) {
+                (true, _) => 0.0,
+                (false, true) => ACT_BYTES * h,
+                (false, false) => lin * h,
+            };
+            t.seq += mlp_input;
+            if whole_block {
+                // `moe`: nothing inside the block is kept.
+                return t;
+            }
             let e = m.num_experts as f64;
             // Router: fp32 scores (softmax/sigmoid output), the routing map, top-k probs.
             let router = FP32_BYTES * e + MASK_BYTES * e + FP32_BYTES * m.top_k as f64;
             t.seq += router;
             let shared = card.shared_expert_ffn();
-            if shared > 0 {
+            if shared > 0 && !recomputes(RecomputeModule::SharedExperts) {
+                // shared_act = act_in + act_out of the shared experts' FFN
+                // (`shared_experts` drops it).
                 let (act_in, act_out) = mlp_act(card, shared, lin);
                 t.tensor += act_in + act_out;
             }
@@ -217,12 +276,27 @@ pub fn layer_terms(
             // keeps no expert output.
             let copies = expert_copies(card);
             let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
+            // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
+            // fc2's original input, so nothing remains under FP8 either).
+            let act_out = if recomputes(RecomputeModule::MoeAct) {
+                0.0
+            } else {
+                act_out
+            };
             let fc1_input = lin * h * etp.max(1) as f64;
             let prob = FP32_BYTES;
             t.expert += copies * (fc1_input + act_in + act_out + prob);
         }
         _ => {
+            if recomputes(RecomputeModule::Mlp) {
+                // `mlp`: only the MLP's input is kept, which is the residual stream (ln2_input,
+                // the fused norm sits inside fc1): mlp_input + act_in + act_out are dropped.
+                return t;
+            }
+            // mlp_input = lin*h, the fused pre-MLP norm's output (unaffected by `layernorm`).
+            let mlp_input = lin * h;
             let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
+            t.seq += mlp_input;
             t.tensor += act_in + act_out;
         }
     }

@@ -42,7 +42,7 @@ struct KindCost {
     weight: f64,
     /// What full recomputation of the layer adds to its backward.
     recompute_full: Parts,
-    /// What selective recomputation (attention core) adds.
+    /// What selective recomputation of the layout's modules adds.
     recompute_selective: Parts,
     /// Model FLOPs of the forward pass on this GPU.
     flops: f64,
@@ -131,10 +131,12 @@ fn kind_cost(
     let (mut tp_f, mut tp_b) = cc.tp_block(attn_gather, act, t.gemm_forward / 2.0, gemm_b / 2.0);
     let moe_layer = shape.kind == LayerKind::Moe && card.moe.is_some();
     let mlp_tp = !moe_layer || card.shared_expert_ffn() > 0;
+    let mut mlp_tp_f = 0.0;
     if mlp_tp {
         let (f, b) = cc.tp_block(act, act, t.gemm_forward / 2.0, gemm_b / 2.0);
         tp_f += f;
         tp_b += b;
+        mlp_tp_f = f;
     }
 
     // --- CP: ring exchange of K and V, hidden behind the attention of the other chunks ---
@@ -228,11 +230,30 @@ fn kind_cost(
     // Full recompute reruns the forward, communication included (not the FSDP gather: the
     // backward gathers anyway).
     let recompute_full = Parts { dp: 0.0, ..forward };
-    // Selective recompute reruns the attention core (and its CP exchange).
-    let recompute_selective = Parts {
-        compute: t.selective_forward,
-        cp: cp_f,
-        ..Parts::default()
+    // Selective recompute reruns the forward of its modules (`compute::recompute_ops`) and the
+    // communication inside them: the attention core's CP exchange (core_attn), the dense
+    // MLP's or the shared experts' TP collectives (mlp; moe, shared_experts), the MoE block's
+    // dispatch and combine with the dispatcher's host sync (moe).
+    let set = l.recompute_set();
+    let recompute_selective = if set.is_empty() {
+        Parts::default()
+    } else {
+        use crate::layout::RecomputeModule as M;
+        let rerun = OpTimes::of(&compute::recompute_ops(card, d, shape, set), timer, ctx);
+        let moe_block = moe_layer && set.contains(M::Moe);
+        let mlp_comm = if moe_layer {
+            moe_block || set.contains(M::SharedExperts)
+        } else {
+            set.contains(M::Mlp)
+        };
+        Parts {
+            compute: rerun.forward,
+            cp: if set.contains(M::CoreAttn) { cp_f } else { 0.0 },
+            tp: if mlp_comm { mlp_tp_f } else { 0.0 },
+            ep: if moe_block { ep_f } else { 0.0 },
+            host: if moe_block { host_f } else { 0.0 },
+            dp: 0.0,
+        }
     };
     KindCost {
         forward,

@@ -163,6 +163,8 @@ changes were already swept). Reply with JSON only, no prose:\n\
 \"distributedOptimizer\": true, \"fsdp\": false, \"schedule\": \"interleaved\"}}]}}\n\
 Fields: tp, pp, vpp (model chunks per pipeline rank), cp, ep, etp, microBatchSize, recompute \
 (none | selective | full), recomputeLayers (with full: layers recomputed per chunk, 0 = all), \
+recomputeModules (with selective: Megatron's --recompute-modules list, e.g. [\"moe_act\", \
+\"layernorm\"]; omitted = [\"core_attn\"]), \
 distributedOptimizer, fsdp, schedule (1f1b | interleaved | zero-bubble), firstStageLayers, \
 lastStageLayers (uneven pipeline splits). Omitted fields keep the best layout's value.\n\
 Rules: dp = gpus / (tp*pp*cp) must be whole; globalBatchSize divisible by microBatchSize*dp; \
@@ -221,7 +223,7 @@ sequence {}, global batch {}, {}.",
     let _ = writeln!(
         p,
         "Allowed values: tp {}, pp {}, vpp {}, cp {}, ep {}, etp {}, microBatchSize {}, \
-recompute {}, schedule {}, optimizer sharding {}.",
+recompute {}, recomputeModules {}, schedule {}, optimizer sharding {}.",
         list(&sp.tp),
         list(&sp.pp),
         sp.vpp
@@ -234,6 +236,12 @@ recompute {}, schedule {}, optimizer sharding {}.",
             .map_or("divisors of tp".to_string(), |v| list(v)),
         list(&sp.micro_batch_size),
         list(&sp.recompute.iter().map(|r| r.as_str()).collect::<Vec<_>>()),
+        list(
+            &sp.recompute_modules
+                .iter()
+                .map(|m| m.iter().map(|x| x.as_str()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        ),
         list(&sp.schedule.iter().map(|x| x.as_str()).collect::<Vec<_>>()),
         list(&sp.sharding),
     );
@@ -277,6 +285,9 @@ fn compact(l: &Layout) -> Value {
         "recomputeLayers": l.recompute_layers, "distributedOptimizer": l.distributed_optimizer,
         "fsdp": l.fsdp, "schedule": l.schedule.as_str(),
     });
+    if let Some(m) = &l.recompute_modules {
+        v["recomputeModules"] = serde_json::json!(m);
+    }
     if let Some(f) = l.first_stage_layers {
         v["firstStageLayers"] = f.into();
     }

@@ -1,5 +1,5 @@
 //! An upper bound on the tokens/s per GPU of every layout that shares a "compute key" (TP, CP,
-//! EP, ETP, micro-batch size, recomputation, sequence parallelism, TP overlap) whatever its
+//! EP, ETP, micro-batch size, recomputation and its modules, sequence parallelism, TP overlap) whatever its
 //! pipeline (PP, VPP, schedule, split) and optimizer sharding: the branch-and-bound of the
 //! exhaustive search.
 //!
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{Layout, ModuleSet, Recompute, Schedule};
 use crate::plan::Scenario;
 
 use super::Context;
@@ -35,6 +35,7 @@ struct Key {
     mbs: u32,
     recompute: Recompute,
     recompute_layers: u32,
+    recompute_modules: ModuleSet,
     sp: bool,
     tp_comm_overlap: bool,
 }
@@ -89,6 +90,7 @@ impl ThroughputBound {
             mbs: l.micro_batch_size,
             recompute: l.recompute,
             recompute_layers: l.recompute_layers,
+            recompute_modules: l.recompute_set(),
             sp: l.sequence_parallel,
             tp_comm_overlap: l.tp_comm_overlap,
         };

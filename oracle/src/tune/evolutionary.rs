@@ -93,7 +93,22 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
     let ep = pick(&sp.ep, g[6])?;
     let etp = pick(&sp.etp_values(tp, moe), g[7])?;
     let mbs = pick(&sp.micro_batch_size, g[8])?;
-    let recompute = pick(&sp.recompute, g[9])?;
+    // Every recompute choice but the full layer counts (full is resolved to the fewest
+    // layers that fit when scored): none, each selective module set, full.
+    let recompute_options: Vec<RecomputeChoice> = sp
+        .recompute
+        .iter()
+        .flat_map(|&r| match r {
+            Recompute::None => vec![RecomputeChoice::NONE],
+            Recompute::Selective => sp
+                .recompute_modules
+                .iter()
+                .map(|m| RecomputeChoice::selective(*m))
+                .collect(),
+            Recompute::Full => vec![RecomputeChoice::full(sp.recompute_layers.unwrap_or(0))],
+        })
+        .collect();
+    let rc = pick(&recompute_options, g[9])?;
     let sharding = pick(&sp.sharding, g[10])?;
     let st = Structure {
         tp,
@@ -106,11 +121,7 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
         schedule,
         sharding,
     };
-    let layers = match recompute {
-        Recompute::Full => sp.recompute_layers.unwrap_or(0),
-        _ => 0,
-    };
-    Some(sp.layout(&st, mbs, RecomputeChoice { recompute, layers }))
+    Some(sp.layout(&st, mbs, rc))
 }
 
 impl Evolutionary {

@@ -34,7 +34,7 @@ use super::bound::ThroughputBound;
 use super::seed::SeedPlanner;
 use super::space::{RecomputeChoice, Structure};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
-use crate::layout::Recompute;
+use crate::layout::{ModuleSet, Recompute};
 use crate::plan::SearcherKind;
 
 /// The exhaustive searcher.
@@ -162,13 +162,13 @@ impl Exhaustive {
             // Examine everything; report what the pruned search reports (the layouts that no
             // less-recomputing variant of the same layout beats).
             let mut none = None;
-            let mut selective = None;
+            let mut selective: Vec<(ModuleSet, Scored)> = Vec::new();
             let mut full = None;
             for &rc in choices {
                 let r = Self::try_layout(ctx, space.layout(st, mbs, rc), task);
                 match rc.recompute {
                     Recompute::None => none = r,
-                    Recompute::Selective => selective = r,
+                    Recompute::Selective => selective.extend(r.map(|c| (rc.modules, c))),
                     Recompute::Full => {
                         if full.is_none() {
                             full = r;
@@ -179,8 +179,12 @@ impl Exhaustive {
             match none {
                 Some(c) => task.top.push(c),
                 None => {
+                    // A module set is beaten by any fitting set of fewer of its modules.
+                    let fitting: Vec<ModuleSet> = selective.iter().map(|(m, _)| *m).collect();
                     selective
                         .into_iter()
+                        .filter(|(m, _)| !fitting.iter().any(|f| f != m && f.is_subset(*m)))
+                        .map(|(_, c)| c)
                         .chain(full)
                         .for_each(|c| task.top.push(c));
                 }
@@ -197,27 +201,27 @@ impl Exhaustive {
         }
         let mut any_fit = false;
         if space.recompute.contains(&Recompute::Selective) {
-            let rc = RecomputeChoice {
-                recompute: Recompute::Selective,
-                layers: 0,
-            };
-            if let Some(c) = Self::try_layout(ctx, space.layout(st, mbs, rc), task) {
-                task.top.push(c);
-                any_fit = true;
+            // Fewest modules first: a set with a fitting subset recomputes more for nothing
+            // (recomputation only adds time) and is skipped.
+            let mut sets = space.recompute_modules.clone();
+            sets.sort_by_key(|m| m.len());
+            let mut fitting: Vec<ModuleSet> = Vec::new();
+            for m in sets {
+                if fitting.iter().any(|f| f.is_subset(m)) {
+                    task.stats.pruned += 1;
+                    continue;
+                }
+                let rc = RecomputeChoice::selective(m);
+                if let Some(c) = Self::try_layout(ctx, space.layout(st, mbs, rc), task) {
+                    task.top.push(c);
+                    fitting.push(m);
+                    any_fit = true;
+                }
             }
         }
         if space.recompute.contains(&Recompute::Full) {
             let counts = space.full_recompute_counts(st);
-            let with = |k: u32| {
-                space.layout(
-                    st,
-                    mbs,
-                    RecomputeChoice {
-                        recompute: Recompute::Full,
-                        layers: k,
-                    },
-                )
-            };
+            let with = |k: u32| space.layout(st, mbs, RecomputeChoice::full(k));
             if let Some(idx) = least_fitting(ctx, &counts, with, &mut task.stats) {
                 any_fit = true;
                 if let Some(c) = Self::project(ctx, with(counts[idx]), task) {
@@ -269,10 +273,7 @@ impl Exhaustive {
         let Some((first_choice, most_saving, family)) = space.recompute_family(st) else {
             return (stats, out, 0);
         };
-        let none = RecomputeChoice {
-            recompute: Recompute::None,
-            layers: 0,
-        };
+        let none = RecomputeChoice::NONE;
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
             let first = space.layout(st, mbs, first_choice);

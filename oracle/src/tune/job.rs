@@ -219,6 +219,7 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         flag::RECOMPUTE_GRANULARITY,
         flag::RECOMPUTE_METHOD,
         flag::RECOMPUTE_NUM_LAYERS,
+        flag::RECOMPUTE_MODULES,
         flag::FIRST_STAGE_LAYERS,
         flag::LAST_STAGE_LAYERS,
         flag::PIPELINE_LAYOUT,
@@ -280,17 +281,27 @@ fn owned_with(ours: &[String]) -> Vec<(&str, bool)> {
     owned
 }
 
-/// Indices of the words to keep after removing the owned flags (and their values).
+/// Owned flags that take a list (every word up to the next flag).
+const LIST_FLAGS: &[&str] = &[flag::RECOMPUTE_MODULES];
+
+/// Indices of the words to keep after removing the owned flags (and their values; all of them
+/// for a list flag).
 fn kept_words<S: AsRef<str>>(words: &[S], owned: &[(&str, bool)]) -> Vec<usize> {
     let mut keep = Vec::new();
     let mut skip_value = false;
+    let mut skip_list = false;
     for (i, w) in words.iter().enumerate() {
         let w = w.as_ref();
+        if skip_list && !w.starts_with("--") {
+            continue;
+        }
+        skip_list = false;
         if std::mem::take(&mut skip_value) && !w.starts_with("--") {
             continue;
         }
         let name = w.split_once('=').map(|(k, _)| k).unwrap_or(w);
         match owned.iter().find(|(f, _)| *f == name) {
+            Some(_) if LIST_FLAGS.contains(&name) => skip_list = !w.contains('='),
             Some((_, takes_value)) => skip_value = *takes_value && !w.contains('='),
             None => keep.push(i),
         }

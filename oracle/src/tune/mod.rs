@@ -73,7 +73,13 @@ pub fn layout_key(l: &Layout) -> impl Ord + use<> {
     let sharding = space::Sharding::of(l);
     (
         (l.tp, l.pp, l.vpp, l.cp, l.ep, l.etp, l.micro_batch_size),
-        (l.recompute, l.recompute_layers, l.schedule, sharding),
+        (
+            l.recompute,
+            l.recompute_layers,
+            l.recompute_set(),
+            l.schedule,
+            sharding,
+        ),
         (l.first_stage_layers, l.last_stage_layers),
         (
             l.sequence_parallel,
@@ -322,8 +328,7 @@ pub fn non_dominated(ctx: &Context<'_>, list: Vec<Scored>) -> Vec<Scored> {
                 return true;
             }
             let mut plain = c.layout.clone();
-            plain.recompute = Recompute::None;
-            plain.recompute_layers = 0;
+            space::RecomputeChoice::NONE.apply(&mut plain);
             ctx.filter.check(ctx.scenario, &plain).is_err()
         })
         .collect()

@@ -212,15 +212,16 @@ pub fn variants(ctx: &Context<'_>, l: &Layout, axis: Axis) -> Vec<Layout> {
         Axis::Recompute => sp
             .recompute
             .iter()
-            .map(|&r| {
-                with(&|x| {
-                    x.recompute = r;
-                    x.recompute_layers = match r {
-                        Recompute::Full => sp.recompute_layers.unwrap_or(0),
-                        _ => 0,
-                    };
-                })
+            .flat_map(|&r| match r {
+                Recompute::None => vec![RecomputeChoice::NONE],
+                Recompute::Selective => sp
+                    .recompute_modules
+                    .iter()
+                    .map(|m| RecomputeChoice::selective(*m))
+                    .collect(),
+                Recompute::Full => vec![RecomputeChoice::full(sp.recompute_layers.unwrap_or(0))],
             })
+            .map(|rc| with(&|x| rc.apply(x)))
             .collect(),
         Axis::Sharding => sp
             .sharding
@@ -262,14 +263,7 @@ impl SeedPlanner {
         for st in &structures {
             for &mbs in &sp.micro_batch_size {
                 // Skip micro-batch sizes the rules reject without scoring them all.
-                let probe = sp.layout(
-                    st,
-                    mbs,
-                    RecomputeChoice {
-                        recompute: Recompute::None,
-                        layers: 0,
-                    },
-                );
+                let probe = sp.layout(st, mbs, RecomputeChoice::NONE);
                 if probe.check(ctx.scenario).is_err() {
                     continue;
                 }
@@ -277,19 +271,15 @@ impl SeedPlanner {
                     if !sp.recompute.contains(&r) {
                         continue;
                     }
-                    let layers = if r == Recompute::Full {
-                        sp.recompute_layers.unwrap_or(0)
-                    } else {
-                        0
-                    };
-                    let l = sp.layout(
-                        st,
-                        mbs,
-                        RecomputeChoice {
-                            recompute: r,
-                            layers,
+                    let rc = match r {
+                        Recompute::None => RecomputeChoice::NONE,
+                        Recompute::Selective => match sp.recompute_modules.first() {
+                            Some(m) => RecomputeChoice::selective(*m),
+                            None => continue,
                         },
-                    );
+                        Recompute::Full => RecomputeChoice::full(sp.recompute_layers.unwrap_or(0)),
+                    };
+                    let l = sp.layout(st, mbs, rc);
                     if let Some(c) = scorer.score(ctx, &l) {
                         return Some(c);
                     }
@@ -321,11 +311,16 @@ impl SeedPlanner {
                 .iter()
                 .map(|&i| {
                     let mut x = vs[i].clone();
-                    x.recompute = r;
-                    x.recompute_layers = match r {
-                        Recompute::Full => sp.recompute_layers.unwrap_or(0),
-                        _ => 0,
+                    let rc = match r {
+                        Recompute::Selective => RecomputeChoice::selective(
+                            sp.recompute_modules
+                                .first()
+                                .copied()
+                                .unwrap_or(crate::layout::ModuleSet::DEFAULT),
+                        ),
+                        _ => RecomputeChoice::full(sp.recompute_layers.unwrap_or(0)),
                     };
+                    rc.apply(&mut x);
                     x
                 })
                 .collect();

@@ -15,6 +15,13 @@
 //! - `ep`: divisors of the expert count (1 for dense models); `etp`: divisors of `tp`;
 //! - `microBatchSize`: divisors of the global batch;
 //! - `recompute`: none, selective, full; full with every per-chunk layer count (0 = all);
+//!   selective with a few module lists (`recomputeModules`, Megatron's `--recompute-modules`)
+//!   where they save memory for the model: for MoE models `[core_attn]` (Megatron's default),
+//!   `[moe_act]`, `[moe_act, layernorm]` and `[core_attn, moe_act, layernorm]` (with MLA also
+//!   `mla_up_proj` in the last); for dense models `[core_attn]`, `[mlp]` and `[core_attn, mlp]`
+//!   (`layernorm` changes nothing there: Transformer Engine fuses those norms into the linears).
+//!   FP8 plans leave out `moe_act` and `layernorm`: Megatron rejects them with the delayed
+//!   scaling recipe that `--fp8-format hybrid` selects;
 //! - optimizer sharding: the distributed optimizer or FSDP.
 //!
 //! Everything else (sequence parallel, the overlap switches) comes from the reference layout
@@ -23,8 +30,8 @@
 use std::collections::BTreeMap;
 
 use crate::error::FieldError;
-use crate::layout::{Layout, PipelineLayout, Recompute, Schedule};
-use crate::plan::{AllowedAxes, FixedAxes, Scenario, Tuning};
+use crate::layout::{Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use crate::plan::{AllowedAxes, FixedAxes, Precision, Scenario, Tuning};
 
 /// How optimizer state (and weights) are sharded over data parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,11 +91,110 @@ pub struct Structure {
 }
 
 /// One way to recompute activations: the granularity and, for full, the per-chunk layer count
-/// (0 = every layer).
+/// (0 = every layer), for selective the modules ([`ModuleSet::DEFAULT`] is Megatron's default
+/// `[core_attn]`, written as no `recomputeModules`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RecomputeChoice {
     pub recompute: Recompute,
     pub layers: u32,
+    pub modules: ModuleSet,
+}
+
+impl RecomputeChoice {
+    /// Nothing recomputed.
+    pub const NONE: RecomputeChoice = RecomputeChoice {
+        recompute: Recompute::None,
+        layers: 0,
+        modules: ModuleSet::EMPTY,
+    };
+
+    /// Full recompute of `layers` layers per chunk (0 = every layer).
+    pub fn full(layers: u32) -> RecomputeChoice {
+        RecomputeChoice {
+            recompute: Recompute::Full,
+            layers,
+            modules: ModuleSet::EMPTY,
+        }
+    }
+
+    /// Selective recompute of `modules`.
+    pub fn selective(modules: ModuleSet) -> RecomputeChoice {
+        RecomputeChoice {
+            recompute: Recompute::Selective,
+            layers: 0,
+            modules,
+        }
+    }
+
+    /// The choice a layout makes.
+    pub fn of(l: &Layout) -> RecomputeChoice {
+        RecomputeChoice {
+            recompute: l.recompute,
+            layers: l.recompute_layers,
+            modules: l.recompute_set(),
+        }
+    }
+
+    /// Set a layout's recompute fields (the default modules as no `recomputeModules`).
+    pub fn apply(self, l: &mut Layout) {
+        l.recompute = self.recompute;
+        l.recompute_layers = if self.recompute == Recompute::Full {
+            self.layers
+        } else {
+            0
+        };
+        l.recompute_modules = match self.recompute {
+            Recompute::Selective if self.modules != ModuleSet::DEFAULT => {
+                Some(self.modules.to_vec())
+            }
+            _ => None,
+        };
+    }
+}
+
+/// The selective-recompute module lists the tuner tries by default (see the module
+/// documentation), least recomputation first, the union of the others last.
+pub fn default_module_sets(s: &Scenario) -> Vec<ModuleSet> {
+    use RecomputeModule::*;
+    let m = &s.model;
+    let fp8 = s.training.precision == Precision::Fp8;
+    let set = ModuleSet::of;
+    let mut out = vec![ModuleSet::DEFAULT];
+    if m.moe.is_some() {
+        if !fp8 {
+            out.push(set(&[MoeAct]));
+            out.push(set(&[MoeAct, Layernorm]));
+        }
+        let mut most = set(&[CoreAttn]);
+        if !fp8 {
+            most = most.with(MoeAct).with(Layernorm);
+        }
+        if m.mla.is_some() {
+            most = most.with(MlaUpProj);
+        }
+        if most != ModuleSet::DEFAULT {
+            out.push(most);
+        }
+    } else {
+        out.push(set(&[Mlp]));
+        let mut most = set(&[CoreAttn, Mlp]);
+        if m.mla.is_some() {
+            most = most.with(MlaUpProj);
+        }
+        out.push(most);
+    }
+    out
+}
+
+/// Whether a module applies to the model (the legality rules' test).
+fn module_fits(s: &Scenario, m: RecomputeModule) -> bool {
+    match m {
+        RecomputeModule::MoeAct | RecomputeModule::Moe | RecomputeModule::SharedExperts => {
+            s.model.moe.is_some()
+        }
+        RecomputeModule::MlaUpProj => s.model.mla.is_some(),
+        _ => true,
+    }
 }
 
 /// The search space of one plan.
@@ -106,6 +212,8 @@ pub struct Space {
     pub recompute: Vec<Recompute>,
     /// Pinned full-recompute layer count.
     pub recompute_layers: Option<u32>,
+    /// Module sets of selective recompute, least recomputation first.
+    pub recompute_modules: Vec<ModuleSet>,
     pub sharding: Vec<Sharding>,
     pub schedule: Vec<Schedule>,
     /// Values of the fields that are not searched (sequence parallel, overlap switches).
@@ -312,6 +420,39 @@ impl Space {
                 Some(k)
             }
         };
+        let set_of = |list: &Vec<RecomputeModule>| ModuleSet::of(list);
+        let allowed_sets: Option<Vec<ModuleSet>> = allowed
+            .recompute_modules
+            .as_ref()
+            .map(|l| l.iter().map(set_of).collect());
+        let fixed_set = fixed.recompute_modules.as_ref().map(set_of);
+        let fits = |set: &ModuleSet| set.iter().all(|m| module_fits(s, m));
+        let mut recompute_modules = narrow(
+            "recomputeModules",
+            default_module_sets(s),
+            allowed_sets.as_ref(),
+            fixed_set,
+            fits,
+        )?;
+        let mut seen = Vec::new();
+        recompute_modules.retain(|m| {
+            let new = !seen.contains(m);
+            seen.push(*m);
+            new
+        });
+        if let Some(set) = fixed_set {
+            if !recompute.contains(&Recompute::Selective) {
+                return Err(FieldError::new(
+                    format!("{FIXED}.recomputeModules"),
+                    format!(
+                        "[{}] needs recompute selective among the allowed values",
+                        set.label().replace('+', ", ")
+                    ),
+                ));
+            }
+            // Only selective recompute takes modules.
+            recompute = vec![Recompute::Selective];
+        }
         let mut schedule = narrow(
             "schedule",
             vec![
@@ -368,6 +509,7 @@ impl Space {
             micro_batch_size,
             recompute,
             recompute_layers,
+            recompute_modules,
             sharding,
             schedule,
             base,
@@ -503,8 +645,7 @@ impl Space {
         self.apply_split(&mut l, st.split);
         st.sharding.apply(&mut l);
         l.micro_batch_size = mbs;
-        l.recompute = rc.recompute;
-        l.recompute_layers = rc.layers;
+        rc.apply(&mut l);
         l
     }
 
@@ -533,14 +674,7 @@ impl Space {
 
     /// Most layers in one model chunk of a structure (what full recompute can count up to).
     pub fn max_chunk_layers(&self, st: &Structure) -> u32 {
-        let l = self.layout(
-            st,
-            1,
-            RecomputeChoice {
-                recompute: Recompute::None,
-                layers: 0,
-            },
-        );
+        let l = self.layout(st, 1, RecomputeChoice::NONE);
         (0..st.pp.max(1))
             .map(|r| l.chunk_layers(self.layers, r))
             .max()
@@ -559,8 +693,19 @@ impl Space {
         v
     }
 
-    /// The recompute family of a structure without listing it: (first choice, most
-    /// memory-saving choice, number of choices), as [`Space::recompute_choices`] would list them.
+    /// The union of the selective module sets: it keeps no more than any of them (adding a
+    /// module never adds memory), so it bounds the selective family's memory from below.
+    pub fn most_saving_modules(&self) -> ModuleSet {
+        self.recompute_modules
+            .iter()
+            .fold(ModuleSet::EMPTY, |a, m| a.union(*m))
+    }
+
+    /// The recompute family of a structure without listing it: (first choice, a choice that
+    /// saves at least as much memory as any member, number of choices), as
+    /// [`Space::recompute_choices`] would list them. With selective recompute last, the
+    /// memory-saving choice is the union of its module sets (a member when, as by default, the
+    /// last set is the union).
     pub fn recompute_family(
         &self,
         st: &Structure,
@@ -575,36 +720,49 @@ impl Space {
             }
             None => (0, 0),
         };
-        let choice = |r: Recompute, layers: u32| RecomputeChoice {
-            recompute: r,
-            layers: if r == Recompute::Full { layers } else { 0 },
-        };
+        let selective_len = self.recompute_modules.len() as u64;
         let len = self
             .recompute
             .iter()
-            .map(|r| if *r == Recompute::Full { full_len } else { 1 })
+            .map(|r| match r {
+                Recompute::Full => full_len,
+                Recompute::Selective => selective_len,
+                Recompute::None => 1,
+            })
             .sum();
-        let last_layers = self.recompute_layers.unwrap_or(0);
-        Some((choice(first, full_first), choice(last, last_layers), len))
+        if len == 0 {
+            return None;
+        }
+        let first = match first {
+            Recompute::None => RecomputeChoice::NONE,
+            Recompute::Selective => RecomputeChoice::selective(*self.recompute_modules.first()?),
+            Recompute::Full => RecomputeChoice::full(full_first),
+        };
+        let last = match last {
+            Recompute::None => RecomputeChoice::NONE,
+            Recompute::Selective => RecomputeChoice::selective(self.most_saving_modules()),
+            Recompute::Full => RecomputeChoice::full(self.recompute_layers.unwrap_or(0)),
+        };
+        Some((first, last, len))
     }
 
-    /// Every recompute choice of a structure, least memory saving first.
+    /// Every recompute choice of a structure: none, the selective module sets, full with
+    /// every layer count (fewest first, 0 = every layer last).
     pub fn recompute_choices(&self, st: &Structure) -> Vec<RecomputeChoice> {
         let mut out = Vec::new();
         for &r in &self.recompute {
             match r {
-                Recompute::Full => {
-                    out.extend(self.full_recompute_counts(st).into_iter().map(|layers| {
-                        RecomputeChoice {
-                            recompute: r,
-                            layers,
-                        }
-                    }))
-                }
-                _ => out.push(RecomputeChoice {
-                    recompute: r,
-                    layers: 0,
-                }),
+                Recompute::Full => out.extend(
+                    self.full_recompute_counts(st)
+                        .into_iter()
+                        .map(RecomputeChoice::full),
+                ),
+                Recompute::Selective => out.extend(
+                    self.recompute_modules
+                        .iter()
+                        .map(|m| RecomputeChoice::selective(*m)),
+                ),
+                Recompute::None => out.push(RecomputeChoice::NONE),
             }
         }
         out
@@ -631,10 +789,7 @@ impl Space {
         if !structural {
             return false;
         }
-        let rc = RecomputeChoice {
-            recompute: l.recompute,
-            layers: l.recompute_layers,
-        };
+        let rc = RecomputeChoice::of(l);
         if !self.recompute_choices(&st).contains(&rc) {
             return false;
         }
@@ -678,6 +833,17 @@ impl Space {
             || self.balanced.get(&(l.pp, l.vpp)) == l.pipeline_layout.as_ref();
         if !splits.contains(&split) || !balanced_ok {
             self.apply_split(&mut l, *splits.first()?);
+        }
+        if l.recompute != Recompute::Selective {
+            l.recompute_modules = None;
+        } else {
+            // The module list in the space's form (the default as no list); a set outside the
+            // space falls back to the first of its sets.
+            let mut set = l.recompute_set();
+            if !self.recompute_modules.contains(&set) {
+                set = *self.recompute_modules.first()?;
+            }
+            RecomputeChoice::selective(set).apply(&mut l);
         }
         if l.recompute != Recompute::Full {
             l.recompute_layers = 0;
@@ -814,14 +980,7 @@ mod tests {
             .into_iter()
             .find(|st| st.pp == 8 && st.vpp == 4)
             .expect("interleaved DeepSeek-V3 layouts are in the space");
-        let l = space.layout(
-            &st,
-            1,
-            RecomputeChoice {
-                recompute: Recompute::None,
-                layers: 0,
-            },
-        );
+        let l = space.layout(&st, 1, RecomputeChoice::NONE);
         l.check(&s).expect("legal");
         assert!(space.contains(&s, &l));
         assert_eq!(Space::structure_of(&l).split, Split::Balanced);

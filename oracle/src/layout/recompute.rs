@@ -1,0 +1,200 @@
+//! Megatron-Core's selective-recompute modules (`--recompute-granularity selective
+//! --recompute-modules ...`, `TransformerConfig.recompute_modules` in
+//! `megatron/core/transformer/transformer_config.py`): which submodules of a decoder layer drop
+//! their saved activations in the forward pass and rerun it in the backward pass. Megatron's
+//! default is `[core_attn]`.
+//!
+//! What each one recomputes (Megatron-Core, `transformer_layer.py`, `moe/experts.py`,
+//! `multi_latent_attention.py`, `moe/moe_layer.py`):
+//! - `core_attn`: the attention core (normal checkpointing: Q, K, V are kept as its inputs);
+//! - `moe_act`: the routed experts' activation function (output-discarding: the fc2 input is
+//!   freed and recomputed from the fc1 output);
+//! - `layernorm`: the input layernorm and the pre-MLP layernorm where they are separate
+//!   modules (output-discarding). With Transformer Engine a standard attention block and a
+//!   dense MLP fuse their norm into the first linear (`TELayerNormColumnParallelLinear`, the
+//!   norm is an `IdentityOp`), so only MLA's input norm and the MoE block's pre-MLP norm are
+//!   recomputed;
+//! - `mla_up_proj`: MLA's query/key-value up-projections and the rotary embedding applied to
+//!   them (output-discarding: Q, K and V are freed after the attention core);
+//! - `mlp`: the dense MLP of dense layers (normal checkpointing: only its input is kept);
+//! - `moe`: the whole MoE block, router, dispatch, experts, shared experts and combine (normal
+//!   checkpointing: only its input is kept);
+//! - `shared_experts`: the MoE block's shared experts (normal checkpointing).
+
+use serde::{Deserialize, Serialize};
+
+/// A submodule Megatron's selective recompute can recompute, spelled as Megatron's
+/// `--recompute-modules` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeModule {
+    /// The attention core (Megatron's default selective recompute).
+    CoreAttn,
+    /// The routed experts' activation function (its output, the fc2 input, is not kept); needs
+    /// a mixture-of-experts model.
+    MoeAct,
+    /// The layernorms that are separate modules: MLA's input norm and the MoE block's pre-MLP
+    /// norm (their outputs are not kept; norms fused into a linear are unaffected).
+    Layernorm,
+    /// MLA's up-projections and rotary embedding (Q, K, V are not kept); needs multi-latent
+    /// attention.
+    MlaUpProj,
+    /// The dense MLP of dense layers (only its input is kept).
+    Mlp,
+    /// The whole MoE block (only its input is kept); needs a mixture-of-experts model.
+    Moe,
+    /// The MoE block's shared experts; needs a mixture-of-experts model.
+    SharedExperts,
+}
+
+impl RecomputeModule {
+    /// Every module, in Megatron's documentation order.
+    pub const ALL: [RecomputeModule; 7] = [
+        RecomputeModule::CoreAttn,
+        RecomputeModule::MoeAct,
+        RecomputeModule::Layernorm,
+        RecomputeModule::MlaUpProj,
+        RecomputeModule::Mlp,
+        RecomputeModule::Moe,
+        RecomputeModule::SharedExperts,
+    ];
+
+    /// The name as Megatron spells it (`moe_act`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecomputeModule::CoreAttn => "core_attn",
+            RecomputeModule::MoeAct => "moe_act",
+            RecomputeModule::Layernorm => "layernorm",
+            RecomputeModule::MlaUpProj => "mla_up_proj",
+            RecomputeModule::Mlp => "mlp",
+            RecomputeModule::Moe => "moe",
+            RecomputeModule::SharedExperts => "shared_experts",
+        }
+    }
+
+    /// The module of a Megatron name.
+    pub fn parse(name: &str) -> Option<RecomputeModule> {
+        RecomputeModule::ALL
+            .into_iter()
+            .find(|m| m.as_str() == name)
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl std::fmt::Display for RecomputeModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of recompute modules, as a bit set (cheap to copy through the tuner's hot loops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ModuleSet(u8);
+
+impl ModuleSet {
+    /// No module.
+    pub const EMPTY: ModuleSet = ModuleSet(0);
+    /// Megatron's default, `[core_attn]`.
+    pub const DEFAULT: ModuleSet = ModuleSet(1 << RecomputeModule::CoreAttn as u8);
+
+    /// The set of a list (duplicates collapse).
+    pub fn of(modules: &[RecomputeModule]) -> ModuleSet {
+        ModuleSet(modules.iter().fold(0, |acc, m| acc | m.bit()))
+    }
+
+    pub fn contains(self, m: RecomputeModule) -> bool {
+        self.0 & m.bit() != 0
+    }
+
+    pub fn with(self, m: RecomputeModule) -> ModuleSet {
+        ModuleSet(self.0 | m.bit())
+    }
+
+    pub fn union(self, o: ModuleSet) -> ModuleSet {
+        ModuleSet(self.0 | o.0)
+    }
+
+    /// Whether every module of `self` is in `o`.
+    pub fn is_subset(self, o: ModuleSet) -> bool {
+        self.0 & !o.0 == 0
+    }
+
+    pub fn intersects(self, o: ModuleSet) -> bool {
+        self.0 & o.0 != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// The modules, in Megatron's documentation order.
+    pub fn iter(self) -> impl Iterator<Item = RecomputeModule> {
+        RecomputeModule::ALL
+            .into_iter()
+            .filter(move |m| self.contains(*m))
+    }
+
+    /// The modules as a list, in Megatron's documentation order.
+    pub fn to_vec(self) -> Vec<RecomputeModule> {
+        self.iter().collect()
+    }
+
+    /// Compact form, e.g. `moe_act+layernorm` (the form `primus validate` reads).
+    pub fn label(self) -> String {
+        self.iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
+    /// Parse the compact form (`+`, `,` or spaces between names).
+    pub fn parse(text: &str) -> Result<ModuleSet, String> {
+        let mut set = ModuleSet::EMPTY;
+        for name in text
+            .split(|c: char| c == '+' || c == ',' || c.is_whitespace())
+            .filter(|w| !w.is_empty())
+        {
+            let m = RecomputeModule::parse(name).ok_or_else(|| {
+                format!(
+                    "{name:?} is not a recompute module ({})",
+                    RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
+                )
+            })?;
+            set = set.with(m);
+        }
+        if set.is_empty() {
+            return Err("names no recompute module".into());
+        }
+        Ok(set)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sets_keep_megatrons_order() {
+        for m in RecomputeModule::ALL {
+            assert_eq!(RecomputeModule::parse(m.as_str()), Some(m));
+            let json = serde_json::to_string(&m).unwrap();
+            assert_eq!(json, format!("\"{}\"", m.as_str()));
+        }
+        let s = ModuleSet::parse("layernorm+moe_act").unwrap();
+        assert_eq!(s.label(), "moe_act+layernorm");
+        assert_eq!(ModuleSet::parse("moe_act, layernorm").unwrap(), s);
+        assert_eq!(s.len(), 2);
+        assert!(ModuleSet::of(&[RecomputeModule::MoeAct]).is_subset(s));
+        assert!(!s.is_subset(ModuleSet::DEFAULT));
+        assert!(ModuleSet::parse("moe_act+attention").is_err());
+        assert!(ModuleSet::parse("").is_err());
+    }
+}
