@@ -540,6 +540,10 @@ pub(super) fn time_model(
     let edp = (gpus / l.pp.max(1) / (l.ep * l.etp).max(1)).max(1) as f64;
     let dp_cp = (dp * l.cp) as f64;
     let mut best = (f64::MIN, 0usize, 0.0, 0.0);
+    // Gradient reduction and parameter gather of one chunk depend only on its (non-expert,
+    // expert) parameters, and most chunks hold the same: compute each distinct pair once.
+    let mut dp_costs: [((f64, f64), (f64, f64)); 4] = [((f64::NAN, f64::NAN), (0.0, 0.0)); 4];
+    let mut dp_costs_len = 0usize;
     for r in 0..pp {
         let tl = w.sim.ranks()[r];
         let mut grad_finish: f64 = 0.0;
@@ -563,7 +567,30 @@ pub(super) fn time_model(
                     collectives::all_reduce(&cc.topo, g, n * GRAD_BYTES)
                 }
             };
-            let comm = reduce(&cc.place.dp_cp, pd) + reduce(&cc.place.edp, pe);
+            let gather = |g: &Group, n: f64| -> f64 {
+                if l.distributed_optimizer {
+                    collectives::all_gather(&cc.topo, g, n * PARAM_BYTES)
+                } else {
+                    0.0
+                }
+            };
+            let (comm, ag) = match dp_costs[..dp_costs_len]
+                .iter()
+                .find(|(key, _)| *key == (pd, pe))
+            {
+                Some(&(_, costs)) => costs,
+                None => {
+                    let costs = (
+                        reduce(&cc.place.dp_cp, pd) + reduce(&cc.place.edp, pe),
+                        gather(&cc.place.dp_cp, pd) + gather(&cc.place.edp, pe),
+                    );
+                    if dp_costs_len < dp_costs.len() {
+                        dp_costs[dp_costs_len] = ((pd, pe), costs);
+                        dp_costs_len += 1;
+                    }
+                    costs
+                }
+            };
             let chunk_params = pd + pe;
             let bucket_share = if chunk_params > 0.0 {
                 (BUCKET_PARAMS.max(1e6 * dp as f64) / chunk_params).min(1.0)
@@ -578,8 +605,6 @@ pub(super) fn time_model(
                 grad_finish.max(tl.end) + comm
             };
             if l.distributed_optimizer {
-                let ag = collectives::all_gather(&cc.topo, &cc.place.dp_cp, pd * PARAM_BYTES)
-                    + collectives::all_gather(&cc.topo, &cc.place.edp, pe * PARAM_BYTES);
                 ag_total += ag;
                 ag_bucket = ag_bucket.max(ag * bucket_share);
             }
