@@ -147,6 +147,12 @@ pub struct Layout {
     /// Overlap the distributed optimizer's parameter all-gather with the forward pass.
     #[serde(default = "yes")]
     pub overlap_param_gather: bool,
+    /// Accumulate and reduce gradients in FP32 (Megatron-LM's behaviour with `--bf16`);
+    /// false = BF16 gradient buffers and reduction (`--grad-reduce-in-bf16`, NeMo's and
+    /// Megatron-Bridge's performance recipes): half the gradient memory and DP traffic, and
+    /// the distributed optimizer keeps an FP32 copy of its gradient shard.
+    #[serde(default = "yes")]
+    pub grad_reduce_in_fp32: bool,
 }
 
 impl Default for Layout {
@@ -172,6 +178,7 @@ impl Default for Layout {
             tp_comm_overlap: false,
             overlap_grad_reduce: true,
             overlap_param_gather: true,
+            grad_reduce_in_fp32: true,
         }
     }
 }
@@ -264,6 +271,9 @@ impl Layout {
             s.push_str(" fsdp");
         } else if !self.distributed_optimizer {
             s.push_str(" no-distopt");
+        }
+        if !self.grad_reduce_in_fp32 {
+            s.push_str(" bf16-grads");
         }
         s.push(' ');
         s.push_str(self.schedule.as_str());

@@ -39,6 +39,7 @@ pub mod flag {
     pub const TP_COMM_OVERLAP: &str = "--tp-comm-overlap";
     pub const OVERLAP_GRAD_REDUCE: &str = "--overlap-grad-reduce";
     pub const OVERLAP_PARAM_GATHER: &str = "--overlap-param-gather";
+    pub const GRAD_REDUCE_IN_BF16: &str = "--grad-reduce-in-bf16";
     pub const BF16: &str = "--bf16";
     pub const FP8_FORMAT: &str = "--fp8-format";
     pub const NUM_LAYERS: &str = "--num-layers";
@@ -78,6 +79,8 @@ const SWITCHES: &[&str] = &[
     flag::TP_COMM_OVERLAP,
     flag::OVERLAP_GRAD_REDUCE,
     flag::OVERLAP_PARAM_GATHER,
+    flag::GRAD_REDUCE_IN_BF16,
+    "--accumulate-allreduce-grads-in-fp32",
     flag::BF16,
     "--fp16",
     flag::GQA,
@@ -171,6 +174,9 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     }
     if l.overlap_param_gather && l.distributed_optimizer && !l.fsdp {
         a.push(flag::OVERLAP_PARAM_GATHER.into());
+    }
+    if !l.grad_reduce_in_fp32 {
+        a.push(flag::GRAD_REDUCE_IN_BF16.into());
     }
     a
 }
@@ -389,6 +395,7 @@ impl MegatronArgs {
             tp_comm_overlap: self.has(flag::TP_COMM_OVERLAP),
             overlap_grad_reduce: self.has(flag::OVERLAP_GRAD_REDUCE),
             overlap_param_gather: self.has(flag::OVERLAP_PARAM_GATHER),
+            grad_reduce_in_fp32: !self.has(flag::GRAD_REDUCE_IN_BF16),
             ..Layout::default()
         };
         l.tp = self.num(flag::TP)?.unwrap_or(1);
@@ -723,6 +730,12 @@ mod tests {
                 pp: 4,
                 recompute: Recompute::Selective,
                 recompute_modules: Some(vec![RecomputeModule::Mlp, RecomputeModule::CoreAttn]),
+                ..Layout::default()
+            },
+            Layout {
+                tp: 8,
+                pp: 2,
+                grad_reduce_in_fp32: false,
                 ..Layout::default()
             },
         ];

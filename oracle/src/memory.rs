@@ -13,7 +13,9 @@
 //!   unsharded, FP32 master weight + two Adam moments 12 sharded over the data-parallel group
 //!   (Megatron-LM `docs/source/api-guide/dist_optimizer.md`: 6 + 12/d), where the group is
 //!   DP x CP for dense parameters and the expert-data-parallel group for expert parameters;
-//!   without it 2 + 4 + 12 = 18; with FSDP all 18 bytes are sharded;
+//!   without it 2 + 4 + 12 = 18; with FSDP all 18 bytes are sharded; with BF16 gradients
+//!   (`--grad-reduce-in-bf16`) 2 + 2 unsharded and 12 + 4 (an FP32 copy of the gradient
+//!   shard) sharded: 4 + 16/d, the same table's 16-bit-gradient row;
 //! - FP8 (Transformer Engine): an FP8 copy of every GEMM weight and its transpose, kept for the
 //!   whole step, 2 bytes per GEMM weight ([`FP8_WEIGHT_COPY_BYTES`]);
 //! - activations: [`activations`], times the micro-batches each schedule keeps in flight;
@@ -47,9 +49,29 @@ pub const WEIGHT_BYTES: f64 = 2.0;
 /// FP32 main gradient (Megatron accumulates and reduces gradients in FP32 with BF16 training),
 /// bytes per parameter.
 pub const MAIN_GRAD_BYTES: f64 = 4.0;
+/// BF16 gradient (`--grad-reduce-in-bf16`: gradients accumulated and reduced in BF16), bytes
+/// per parameter.
+pub const BF16_GRAD_BYTES: f64 = 2.0;
 /// Adam optimizer state: FP32 master weight 4 + first moment 4 + second moment 4, bytes per
 /// parameter.
 pub const OPTIMIZER_STATE_BYTES: f64 = 12.0;
+/// With BF16 gradients the optimizer casts its gradient shard to an FP32 copy for the update,
+/// bytes per parameter (Megatron-LM `docs/source/api-guide/dist_optimizer.md`, the 16-bit
+/// gradient rows: 4 + 16/d with the distributed optimizer, 20 without).
+pub const FP32_GRAD_COPY_BYTES: f64 = 4.0;
+
+/// Bytes per parameter of the gradient buffer and of the optimizer (sharded by the caller) for
+/// a layout's gradient precision.
+pub fn grad_and_optimizer_bytes(l: &Layout) -> (f64, f64) {
+    if l.grad_reduce_in_fp32 {
+        (MAIN_GRAD_BYTES, OPTIMIZER_STATE_BYTES)
+    } else {
+        (
+            BF16_GRAD_BYTES,
+            OPTIMIZER_STATE_BYTES + FP32_GRAD_COPY_BYTES,
+        )
+    }
+}
 /// Transformer Engine FP8 training keeps, per GEMM weight, an FP8 copy (1 byte) and its
 /// transpose (1 byte) for the backward GEMMs, cached across micro-batches.
 pub const FP8_WEIGHT_COPY_BYTES: f64 = 2.0;
@@ -422,8 +444,9 @@ impl<'a> Ctx<'a> {
                 * (dense_linear / self.dense_weight_shard
                     + expert_linear / self.expert_weight_shard);
         }
-        let gradients = MAIN_GRAD_BYTES * weights_shard;
-        let optimizer = OPTIMIZER_STATE_BYTES
+        let (grad_bytes, optimizer_bytes) = grad_and_optimizer_bytes(l);
+        let gradients = grad_bytes * weights_shard;
+        let optimizer = optimizer_bytes
             * (dense_params / self.dense_opt_shard + expert_params / self.expert_opt_shard);
 
         // Buffers.
@@ -448,7 +471,7 @@ impl<'a> Ctx<'a> {
             } else {
                 self.dense_params
             };
-            buffers += FSDP_UNSHARDED_LAYERS * largest * (WEIGHT_BYTES + MAIN_GRAD_BYTES);
+            buffers += FSDP_UNSHARDED_LAYERS * largest * (WEIGHT_BYTES + grad_bytes);
         }
         let tensors = weights + gradients + optimizer + activations + buffers;
         let fragmentation = self.s.hardware.overheads.allocator_fragmentation * tensors;

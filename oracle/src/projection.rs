@@ -30,9 +30,12 @@ mod model;
 pub use model::Parts;
 use model::time_model;
 
-/// Bytes of one gradient element in the data-parallel reduction: BF16 (Megatron-Core's
-/// `grad_reduce_in_fp32 = False` default).
-pub const GRAD_BYTES: f64 = 2.0;
+/// Bytes of one gradient element in the data-parallel reduction: FP32 with Megatron-LM's
+/// `--bf16` default, BF16 with `--grad-reduce-in-bf16` (the memory model's gradient buffer:
+/// one source for both).
+pub fn grad_bytes(l: &crate::layout::Layout) -> f64 {
+    crate::memory::grad_and_optimizer_bytes(l).0
+}
 /// Bytes of one parameter in the distributed optimizer's all-gather (BF16 model weights).
 pub const PARAM_BYTES: f64 = 2.0;
 /// HBM traffic of one Adam step per parameter of the local shard: read FP32 master weight,

@@ -17,6 +17,12 @@
 //! `[core_attn]`) or `selective(MODULES)` with Megatron's `--recompute-modules` names joined by
 //! `+`, e.g. `selective(layernorm+moe_act)`; a `recomputeModules` column in the same `+` form
 //! does the same.
+//!
+//! Gradient precision: a row reduces gradients in BF16 unless a `gradReduceInFp32` column says
+//! `true`. The published throughput tables come from performance recipes that all do
+//! (NVIDIA NeMo `scripts/performance` sets `grad_reduce_in_fp32 = False`, Megatron-Bridge's
+//! performance configs likewise), while a TrainingPlan's layout defaults to Megatron-LM's FP32
+//! gradients with `--bf16`.
 
 use std::collections::BTreeMap;
 
@@ -74,7 +80,12 @@ const LAYOUT_COLUMNS: &[&str] = &[
     "tpCommOverlap",
     "overlapGradReduce",
     "overlapParamGather",
+    "gradReduceInFp32",
 ];
+
+/// Gradient precision of a row without a `gradReduceInFp32` cell: BF16, as the published
+/// performance recipes run (see the module documentation).
+const ROW_GRAD_REDUCE_IN_FP32: bool = false;
 
 /// What a row is compared on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -489,6 +500,8 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
             }
         }
     }
+    obj.entry("gradReduceInFp32")
+        .or_insert(serde_json::Value::Bool(ROW_GRAD_REDUCE_IN_FP32));
     let mut layout: Layout = match from_value_at(serde_json::Value::Object(obj), "column") {
         Ok(l) => l,
         Err(e) => return bad(e.to_string()),

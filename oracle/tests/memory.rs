@@ -233,6 +233,32 @@ fn megatron_distributed_optimizer_accounting() {
         st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
         18.0 * p / 8.0
     );
+    // BF16 gradients (`--grad-reduce-in-bf16`): 2 + 2 unsharded, FP32 gradient shard copy 4 +
+    // 12 sharded: Megatron-LM docs/source/api-guide/dist_optimizer.md, the 16-bit-gradient row
+    // "4 + 16/d" (and 20 without the distributed optimizer).
+    let bf16 = Layout {
+        grad_reduce_in_fp32: false,
+        ..Layout::default()
+    };
+    let st = estimate(&s, &bf16).stages[0].clone();
+    assert_eq!(st.gradients_bytes, 2.0 * p);
+    assert_eq!(
+        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
+        (4.0 + 16.0 / 8.0) * p
+    );
+    let st = estimate(
+        &s,
+        &Layout {
+            distributed_optimizer: false,
+            ..bf16.clone()
+        },
+    )
+    .stages[0]
+        .clone();
+    assert_eq!(
+        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
+        20.0 * p
+    );
 }
 
 #[test]

@@ -247,6 +247,21 @@ fn overlap_flags_and_recompute_move_time_the_right_way() {
     )
     .expect("no overlap");
     assert!(no_overlap.breakdown.dp_comm > base.breakdown.dp_comm);
+    // BF16 gradients halve the reduce-scatter's bytes: exposed, the DP time goes from
+    // reduce-scatter 4 + all-gather 2 bytes per parameter to 2 + 2, two thirds when
+    // bandwidth-bound (latency terms keep it a little above).
+    let bf16_grads = step_time(
+        &s,
+        &Layout {
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            grad_reduce_in_fp32: false,
+            ..l.clone()
+        },
+    )
+    .expect("bf16 grads");
+    let ratio = bf16_grads.breakdown.dp_comm / no_overlap.breakdown.dp_comm;
+    assert!(ratio > 2.0 / 3.0 - 1e-9 && ratio < 0.70, "{ratio}");
 }
 
 /// A timer that makes every op twice as slow as the roofline.

@@ -199,3 +199,38 @@ fn embedding_and_loss_count_as_layers_in_the_uneven_split() {
     // 80 + 2 slots do not split over 8 stages.
     assert_eq!(embedding_and_loss_split(80, 0, 8, 1), None);
 }
+
+#[test]
+fn rows_reduce_gradients_in_bf16_unless_a_column_says_fp32() {
+    // Mixtral 8x7B on 64 B200, TP1 PP1 EP8 (published row N19): every GPU reduces its
+    // gradients over DP; in FP32 the reduction moves twice the bytes, so the step is slower,
+    // and the default (no column) is the published recipes' BF16.
+    let c = Catalog::builtin().unwrap();
+    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+    let row = "N19,test,mixtral-8x7b,b200,64,8,fp8,4096,256,2,1,1,1,1,8,1,none,true,false,1f1b,15457,1282,";
+    let plain = validate_text(&format!("{header}\n{row}\n"), &c).unwrap();
+    let with = |v: &str| {
+        validate_text(&format!("{header},gradReduceInFp32\n{row},{v}\n"), &c)
+            .unwrap()
+            .rows[0]
+            .clone()
+    };
+    let (bf16, fp32) = (with("false"), with("true"));
+    let default = &plain.rows[0];
+    assert_eq!(default.status, RowStatus::Ok);
+    assert!(default.layout.contains("bf16-grads"), "{}", default.layout);
+    assert_eq!(default.projected, bf16.projected);
+    assert!(!fp32.layout.contains("bf16-grads"), "{}", fp32.layout);
+    let (b, f) = (
+        bf16.breakdown.as_ref().unwrap().dp_comm,
+        fp32.breakdown.as_ref().unwrap().dp_comm,
+    );
+    assert!(f > b, "dp {f} !> {b}");
+    assert!(fp32.projected.unwrap() < bf16.projected.unwrap());
+    // A cell that is not a boolean names the column.
+    let bad = validate_text(&format!("{header},gradReduceInFp32\n{row},maybe\n"), &c).unwrap();
+    match &bad.rows[0].status {
+        RowStatus::BadRow(reason) => assert!(reason.contains("gradReduceInFp32"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -33,7 +33,7 @@ use crate::collectives::Collective;
 use crate::compute::{ACT_BYTES, Dims, Op, OpClass, Pass};
 use crate::layout::Layout;
 use crate::plan::{Plan, Precision, Scenario};
-use crate::projection::{BUCKET_PARAMS, GRAD_BYTES};
+use crate::projection::{BUCKET_PARAMS, grad_bytes};
 use crate::report::{Backend, BenchmarkResults, CollectiveMeasurement, OpMeasurement};
 use crate::units::GB;
 pub use shapes::*;
@@ -214,7 +214,7 @@ fn collective_cases(s: &Scenario, target: &Layout, d: &Downscaled) -> Vec<Collec
         out.push(case(Collective::P2p, 2, bytes, "pp activations"));
     }
     if d.gpus > 1 {
-        let bucket = BUCKET_PARAMS * GRAD_BYTES;
+        let bucket = BUCKET_PARAMS * grad_bytes(l);
         for op in [
             Collective::ReduceScatter,
             Collective::AllGather,

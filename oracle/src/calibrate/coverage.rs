@@ -285,7 +285,7 @@ pub fn coverage(cal: &Calibration, s: &Scenario, l: &Layout) -> Coverage {
     } else {
         &[Collective::AllReduce]
     };
-    let bucket = crate::projection::BUCKET_PARAMS * crate::projection::GRAD_BYTES;
+    let bucket = crate::projection::BUCKET_PARAMS * crate::projection::grad_bytes(l);
     let dp_term = link_source(cal, dp_kinds, &place.dp_cp, bucket, "dp");
     let analytic = |term: &'static str, detail: &str| TermSource {
         term,

@@ -205,8 +205,8 @@ fn kind_cost(
         let experts = p.experts_per_gpu(l.ep, l.etp);
         let ag = collectives::all_gather(&cc.topo, &cc.place.dp_cp, dense * PARAM_BYTES)
             + collectives::all_gather(&cc.topo, &cc.place.edp, experts * PARAM_BYTES);
-        let rs = collectives::reduce_scatter(&cc.topo, &cc.place.dp_cp, dense * GRAD_BYTES)
-            + collectives::reduce_scatter(&cc.topo, &cc.place.edp, experts * GRAD_BYTES);
+        let rs = collectives::reduce_scatter(&cc.topo, &cc.place.dp_cp, dense * grad_bytes(l))
+            + collectives::reduce_scatter(&cc.topo, &cc.place.edp, experts * grad_bytes(l));
         dp_f = (ag - t.forward).max(0.0);
         dp_b = (ag + rs - t.backward()).max(0.0);
     }
@@ -562,9 +562,9 @@ pub(super) fn time_model(
             let lb = w.sim.last_backward()[vs];
             let reduce = |g: &Group, n: f64| -> f64 {
                 if l.distributed_optimizer {
-                    collectives::reduce_scatter(&cc.topo, g, n * GRAD_BYTES)
+                    collectives::reduce_scatter(&cc.topo, g, n * grad_bytes(l))
                 } else {
-                    collectives::all_reduce(&cc.topo, g, n * GRAD_BYTES)
+                    collectives::all_reduce(&cc.topo, g, n * grad_bytes(l))
                 }
             };
             let gather = |g: &Group, n: f64| -> f64 {
@@ -622,7 +622,7 @@ pub(super) fn time_model(
         };
         // Adam over the shard, and zeroing the local gradient buffer.
         let optimizer = shard * ADAM_BYTES_PER_PARAM / hbm
-            + (local.0 + local.1) * GRAD_BYTES / hbm
+            + (local.0 + local.1) * grad_bytes(l) / hbm
             + OPTIMIZER_KERNELS * overhead;
         let finish = tl.end + grad_exposed + ag_exposed + optimizer;
         if finish > best.0 {

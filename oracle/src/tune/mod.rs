@@ -86,6 +86,7 @@ pub fn layout_key(l: &Layout) -> impl Ord + use<> {
             l.tp_comm_overlap,
             l.overlap_grad_reduce,
             l.overlap_param_gather,
+            l.grad_reduce_in_fp32,
         ),
         l.pipeline_layout.as_ref().map(|p| p.as_str().to_string()),
     )

@@ -823,6 +823,7 @@ impl Space {
         l.tp_comm_overlap = base.tp_comm_overlap;
         l.overlap_grad_reduce = base.overlap_grad_reduce;
         l.overlap_param_gather = base.overlap_param_gather;
+        l.grad_reduce_in_fp32 = base.grad_reduce_in_fp32;
         let schedules = self.schedule_values(l.pp, l.vpp);
         if !schedules.contains(&l.schedule) {
             l.schedule = *schedules.first()?;
