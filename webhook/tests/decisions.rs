@@ -665,3 +665,45 @@ fn trainingplans_get_the_semantic_rules_with_field_names() {
         "{a}"
     );
 }
+
+#[test]
+fn grad_reduce_in_bf16_is_read_from_the_flags_and_counted() {
+    // The OOM example (Llama 3.1 70B, TP1 PP1 CP1 on 64 MI300X: DP 64) with
+    // `--grad-reduce-in-bf16`: BF16 gradients (2 instead of 4 bytes per parameter) and an FP32
+    // copy of the optimizer's gradient shard (4/64): Megatron's 6 + 12/d becomes 4 + 16/d
+    // (docs/source/api-guide/dist_optimizer.md), 2 - 4/64 bytes less per parameter.
+    let c = Catalog::builtin().unwrap();
+    let fp32_job = example("oom-pytorchjob");
+    let mut bf16_job = fp32_job.clone();
+    let script = &mut bf16_job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+        [0]["args"][0];
+    let text = script.as_str().expect("the launch script").to_string();
+    assert!(text.contains("--use-distributed-optimizer"), "{text}");
+    *script = Value::String(text.replace(
+        "--use-distributed-optimizer",
+        "--use-distributed-optimizer --grad-reduce-in-bf16",
+    ));
+    let fp32 = derive(&fp32_job, &no_annotations(), &c).expect("derivable");
+    let bf16 = derive(&bf16_job, &no_annotations(), &c).expect("derivable");
+    assert!(fp32.layout.grad_reduce_in_fp32);
+    assert!(!bf16.layout.grad_reduce_in_fp32);
+    let a = memory::estimate(&fp32.scenario, &fp32.layout).stages[0].clone();
+    let b = memory::estimate(&bf16.scenario, &bf16.layout).stages[0].clone();
+    assert_eq!(a.parameters, b.parameters);
+    let saved = (a.gradients_bytes + a.optimizer_bytes) - (b.gradients_bytes + b.optimizer_bytes);
+    let expected = (2.0 - 4.0 / 64.0) * a.parameters;
+    assert!(
+        (saved - expected).abs() < 1e-6 * expected,
+        "{saved} vs {expected}"
+    );
+    // Still far too big for a 192 GiB GPU: the denial quotes the smaller prediction.
+    let v = validator();
+    let (_, ans) = answer(&v, PYTORCHJOB, &review(&bf16_job, None, false));
+    assert!(!allowed(&ans), "{ans}");
+    let quoted = format!("grads {:.1}", b.gradients_bytes / 1024f64.powi(3));
+    assert!(
+        message(&ans).contains(&quoted),
+        "{quoted}: {}",
+        message(&ans)
+    );
+}
