@@ -92,44 +92,10 @@ fi
 
 # --- plans
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi -L: not available"
-plan() { # plan name model precision parallelism
-  cat > "$OUT/$1.plan.yaml" <<YAML
-apiVersion: primus.dev/v1alpha1
-kind: TrainingPlan
-metadata: {name: $1}
-spec:
-  model: {preset: $2}
-  cluster: {gpu: h200, gpus: 64, gpusPerNode: 8}
-  training: {seqLength: 8192, globalBatchSize: 256, precision: $3}
-  parallelism: $4
-YAML
-}
-# Llama 3.1 8B, TP 2 (TP collectives inside the node), DP over the rest.
-plan llama8b-bf16 llama3.1-8b bf16 "{tp: 2, pp: 1, sequenceParallel: true}"
-plan llama8b-fp8 llama3.1-8b fp8 "{tp: 2, pp: 1, sequenceParallel: true}"
-# Qwen3-30B-A3B: 128 experts, EP 8 in the node (16 local experts each), PP 2 dropped by the
-# downscale.
-plan qwen3-30b-a3b-bf16 qwen3-30b-a3b bf16 "{tp: 1, pp: 2, ep: 8}"
-
-status=0
-for c in $CASES; do
-  echo "== bench $c"
-  if "$PRIMUS" bench -f "$OUT/$c.plan.yaml" --backend cuda --runs "$RUNS" --warmup "$WARMUP" \
-       -o "$OUT/$c.report.json" --compare > "$OUT/$c.compare.txt"; then
-    cat "$OUT/$c.compare.txt"
-    {
-      echo "### analytic"
-      "$PRIMUS" project -f "$OUT/$c.plan.yaml"
-      echo
-      echo "### calibrated by $c.report.json"
-      "$PRIMUS" project -f "$OUT/$c.plan.yaml" --calibration "$OUT/$c.report.json"
-    } > "$OUT/$c.project.txt" 2>&1 || status=1
-    cat "$OUT/$c.project.txt"
-  else
-    echo "bench $c failed"
-    status=1
-  fi
-done
+# shellcheck source=bench/cases.sh
+source "$ROOT/bench/cases.sh"
+write_plans h200
+run_cases cuda
 rm -rf "$LIBDIR"
 echo "== done (status $status): $OUT"
 exit $status

@@ -52,40 +52,9 @@ else
 fi
 "$PRIMUS" --version || true
 
-plan() { # plan name model precision parallelism
-  cat > "$OUT/$1.plan.yaml" <<YAML
-apiVersion: primus.dev/v1alpha1
-kind: TrainingPlan
-metadata: {name: $1}
-spec:
-  model: {preset: $2}
-  cluster: {gpu: mi300x, gpus: 64, gpusPerNode: 8}
-  training: {seqLength: 8192, globalBatchSize: 256, precision: $3}
-  parallelism: $4
-YAML
-}
-plan llama8b-bf16 llama3.1-8b bf16 "{tp: 2, pp: 1, sequenceParallel: true}"
-plan llama8b-fp8 llama3.1-8b fp8 "{tp: 2, pp: 1, sequenceParallel: true}"
-plan qwen3-30b-a3b-bf16 qwen3-30b-a3b bf16 "{tp: 1, pp: 2, ep: 8}"
-
-status=0
-for c in $CASES; do
-  echo "== bench $c"
-  if "$PRIMUS" bench -f "$OUT/$c.plan.yaml" --backend rocm --runs "$RUNS" --warmup "$WARMUP" \
-       -o "$OUT/$c.report.json" --compare > "$OUT/$c.compare.txt"; then
-    cat "$OUT/$c.compare.txt"
-    {
-      echo "### analytic"
-      "$PRIMUS" project -f "$OUT/$c.plan.yaml"
-      echo
-      echo "### calibrated by $c.report.json"
-      "$PRIMUS" project -f "$OUT/$c.plan.yaml" --calibration "$OUT/$c.report.json"
-    } > "$OUT/$c.project.txt" 2>&1 || status=1
-    cat "$OUT/$c.project.txt"
-  else
-    echo "bench $c failed"
-    status=1
-  fi
-done
+# shellcheck source=bench/cases.sh
+source "$ROOT/bench/cases.sh"
+write_plans mi300x
+run_cases rocm
 echo "== done (status $status): $OUT"
 exit $status
