@@ -5,8 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;
-use primus_oracle::plan::{ClusterSpec, ModelRef, PlanSpec, Training, Tuning};
+use primus_oracle::plan::{ClusterSpec, ModelRef, PlanSpec, Tuning};
 use primus_oracle::report::Backend;
+use primus_oracle::scenario::Training;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -283,7 +283,7 @@ mod tests {
 
     /// Parse YAML through the oracle's parser (the operator has no YAML crate of its own).
     fn serde_saphyr_free(yaml: &str) -> serde_json::Value {
-        primus_oracle::plan::parse_yaml_value(yaml, "test").expect("valid YAML")
+        primus_oracle::parse::parse_yaml_value(yaml, "test").expect("valid YAML")
     }
 
     const BASE: &str = "model: {preset: llama3.1-8b}\ncluster: {gpu: h100-sxm, gpus: 8}\ntraining: {seqLength: 4096, globalBatchSize: 64}\n";

@@ -7,8 +7,9 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use primus_oracle::layout::{Layout, PipelineLayout, Schedule};
 use primus_oracle::memory::{estimate, peak_bytes};
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 
 fn deepseek() -> (Scenario, Layout) {
     let c = Catalog::builtin().expect("catalog");

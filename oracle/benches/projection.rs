@@ -10,9 +10,10 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use primus_oracle::layout::{Layout, PipelineLayout, Schedule};
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::projection::{project, step_time};
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use primus_oracle::validate::embedding_and_loss_split;
 
 fn llama405b(vpp: u32) -> (Scenario, Layout) {

@@ -40,8 +40,9 @@ use crate::bench::simulate::analytic_collective;
 use crate::collectives::{Collective, LinkCalibration, LinkPoint, Topology};
 use crate::compute::{AnalyticTimer, Dims, LayerShape, Op, OpClass, OpTimer, Pass, TimerContext};
 use crate::layout::Layout;
-use crate::plan::{Precision, Scenario};
+use crate::precision::Precision;
 use crate::report::{Backend, BenchmarkResults};
+use crate::scenario::Scenario;
 
 mod coverage;
 #[cfg(test)]
@@ -573,7 +574,7 @@ impl OpTimer for CalibratedTimer {
 /// or a `BenchmarkReport` object as `kubectl get -o yaml|json` prints it (its `spec.results`).
 /// The error names the source and the field.
 pub fn parse_report(text: &str, source: &str) -> Result<BenchmarkResults, CalibrationError> {
-    let doc = crate::plan::parse_yaml_value(text, source)
+    let doc = crate::parse::parse_yaml_value(text, source)
         .map_err(|e| CalibrationError::Parse(e.to_string()))?;
     let (value, at) = if let Some(r) = doc.get("spec").and_then(|s| s.get("results")) {
         (r.clone(), "spec.results.")

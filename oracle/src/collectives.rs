@@ -15,7 +15,7 @@
 
 use crate::hardware::HardwareProfile;
 use crate::layout::Layout;
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// One tier of the topology.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -16,7 +16,8 @@
 use crate::hardware::HardwareProfile;
 use crate::layout::Layout;
 use crate::model::{Activation, LayerKind, ModelCard};
-use crate::plan::{Precision, Scenario};
+use crate::precision::Precision;
+use crate::scenario::Scenario;
 use crate::units::MICROSECOND;
 
 mod ops;

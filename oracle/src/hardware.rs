@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
+use crate::precision::Precision;
 use crate::units::{GB, GIB, MICROSECOND, TERA};
 
 /// GPU vendor; decides the Kubernetes resource and label conventions.
@@ -201,10 +202,10 @@ impl HardwareProfile {
     }
 
     /// Dense peak FLOP/s at a precision.
-    pub fn peak_flops(&self, precision: crate::plan::Precision) -> f64 {
+    pub fn peak_flops(&self, precision: Precision) -> f64 {
         match precision {
-            crate::plan::Precision::Bf16 => self.peak_tflops.bf16 * TERA,
-            crate::plan::Precision::Fp8 => self.peak_tflops.fp8 * TERA,
+            Precision::Bf16 => self.peak_tflops.bf16 * TERA,
+            Precision::Fp8 => self.peak_tflops.fp8 * TERA,
         }
     }
 

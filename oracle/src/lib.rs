@@ -2,9 +2,16 @@
 //! that projects, for one parallel layout of a Megatron-style training job, the per-GPU memory
 //! of every pipeline stage and the step time, tokens/s/GPU, TFLOP/s/GPU and MFU at full scale.
 //!
-//! Inputs are plain data: a [`model::ModelCard`], a [`hardware::HardwareProfile`], a
-//! [`plan::Cluster`], the [`plan::Training`] settings and a [`layout::Layout`]. The
-//! [`plan`] module parses the same TrainingPlan YAML that `kubectl apply` sends.
+//! Inputs are plain data: a [`scenario::Scenario`] (a [`model::ModelCard`], a
+//! [`hardware::HardwareProfile`], a [`scenario::Cluster`] and the [`scenario::Training`]
+//! settings) and a [`layout::Layout`]. The [`plan`] module parses the same TrainingPlan YAML
+//! that `kubectl apply` sends into them.
+//!
+//! The top-level modules depend on each other without cycles (`tests/module_graph.rs` checks
+//! it): `error`, `units` and `precision` are leaves; `parse`, `model` and `hardware` sit on
+//! them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
+//! `compute`, `memory`, `schedule`, `projection`) and, on top, `bench`, `calibrate`,
+//! `megatron`, `validate`, `report` and `tune`.
 
 pub mod bench;
 pub mod calibrate;
@@ -16,10 +23,13 @@ pub mod layout;
 pub mod megatron;
 pub mod memory;
 pub mod model;
+pub mod parse;
 pub mod plan;
+pub mod precision;
 pub mod profiles;
 pub mod projection;
 pub mod report;
+pub mod scenario;
 pub mod schedule;
 pub mod tune;
 pub mod units;

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use crate::error::FieldError;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
-use crate::plan::{Precision, Scenario, Training};
+use crate::precision::Precision;
+use crate::scenario::{Scenario, Training};
 
 /// Flag names, one constant each, shared by the writer and the parser.
 pub mod flag {
@@ -592,8 +593,8 @@ impl MegatronArgs {
 mod tests {
     use super::*;
     use crate::hardware::HardwareProfile;
-    use crate::plan::Cluster;
     use crate::profiles::Catalog;
+    use crate::scenario::Cluster;
 
     fn scenario(model: &str, gpu: &str, gpus: u32) -> Scenario {
         let c = Catalog::builtin().unwrap();

@@ -34,7 +34,8 @@ use serde::Serialize;
 
 use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::LayerKind;
-use crate::plan::{Precision, Scenario};
+use crate::precision::Precision;
+use crate::scenario::Scenario;
 
 pub mod activations;
 

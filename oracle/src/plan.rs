@@ -1,7 +1,9 @@
 //! The TrainingPlan document as the oracle sees it: the same YAML that `kubectl apply` sends
 //! (`apiVersion: primus.dev/v1alpha1`, `kind: TrainingPlan`, `spec: ...`), parsed into plain
-//! types with every error naming its field. The operator converts its kube types to this
-//! through [`PlanSpec::from_json`] so both paths share one parser and one set of rules.
+//! types with every error naming its field, and resolved against the profile catalog into a
+//! [`Scenario`] (the job without its layout) plus the reference layout and tuning settings.
+//! The operator converts its kube types to this through [`PlanSpec::from_json`] so both paths
+//! share one parser and one set of rules.
 
 use std::collections::BTreeMap;
 
@@ -11,28 +13,9 @@ use crate::error::{FieldError, PlanError};
 use crate::hardware::HardwareProfile;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::ModelCard;
+use crate::parse::{from_value_at, parse_yaml_value};
 use crate::profiles::Catalog;
-
-/// Numeric precision of the matrix math.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// BF16 weights and GEMMs.
-    #[default]
-    Bf16,
-    /// FP8 GEMMs (Transformer Engine delayed/current scaling or MXFP8), BF16 weights.
-    Fp8,
-}
-
-impl Precision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Bf16 => "bf16",
-            Precision::Fp8 => "fp8",
-        }
-    }
-}
+use crate::scenario::{Cluster, Scenario, Training};
 
 /// Which model: a preset name or an inline card (exactly one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -63,20 +46,6 @@ pub struct ClusterSpec {
     /// GPUs per node; defaults to the profile's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_node: Option<u32>,
-}
-
-/// Training settings that are not part of the layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Training {
-    /// Sequence length in tokens.
-    pub seq_length: u64,
-    /// Global batch size in sequences.
-    pub global_batch_size: u64,
-    /// Matrix precision.
-    #[serde(default)]
-    pub precision: Precision,
 }
 
 /// Searcher used by `primus tune` and the operator.
@@ -284,31 +253,6 @@ pub struct PlanSpec {
 /// Keys of `spec` that belong to the operator; anything else unknown is a typo.
 pub const OPERATOR_SPEC_KEYS: &[&str] = &["benchmark", "job", "drift"];
 
-/// The cluster after defaults: GPU count and packaging.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct Cluster {
-    pub gpus: u32,
-    pub gpus_per_node: u32,
-}
-
-impl Cluster {
-    pub fn nodes(&self) -> u32 {
-        self.gpus.div_ceil(self.gpus_per_node.max(1))
-    }
-}
-
-/// Everything about a job except its layout: what the memory model, the projection and the
-/// tuner evaluate layouts against.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Scenario {
-    pub model: ModelCard,
-    pub hardware: HardwareProfile,
-    pub cluster: Cluster,
-    pub training: Training,
-}
-
 /// A resolved plan: the scenario plus the optional reference layout and tuning settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -329,33 +273,6 @@ impl Plan {
             )
         })
     }
-}
-
-/// Parse a YAML (or JSON) text into a JSON value, with a syntax error naming the source.
-pub fn parse_yaml_value(text: &str, source_name: &str) -> Result<serde_json::Value, PlanError> {
-    serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| PlanError::Syntax {
-        source_name: source_name.to_string(),
-        message: e.to_string().lines().next().unwrap_or_default().to_string(),
-    })
-}
-
-/// Deserialize `value` into `T`, turning serde errors into a [`FieldError`] whose field is
-/// `prefix` + the path serde reached.
-pub fn from_value_at<T: serde::de::DeserializeOwned>(
-    value: serde_json::Value,
-    prefix: &str,
-) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." || path.is_empty() {
-            prefix.to_string()
-        } else if prefix.is_empty() {
-            path
-        } else {
-            format!("{prefix}.{path}")
-        };
-        FieldError::new(field, e.into_inner().to_string())
-    })
 }
 
 impl PlanSpec {

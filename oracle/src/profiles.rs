@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::error::PlanError;
 use crate::hardware::HardwareProfile;
 use crate::model::ModelCard;
-use crate::plan::{from_value_at, parse_yaml_value};
+use crate::parse::{from_value_at, parse_yaml_value};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_profiles.rs"));

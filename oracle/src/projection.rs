@@ -21,7 +21,7 @@ use crate::compute::{
 use crate::layout::{Layout, LayoutError, Recompute, Schedule};
 use crate::memory::{self, MemoryReport};
 use crate::model::{LayerKind, ModelCard};
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 use crate::schedule::{Event, Simulator, StageCosts};
 use crate::units::MICROSECOND;
 

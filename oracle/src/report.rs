@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
-use crate::plan::Precision;
+use crate::precision::Precision;
 
 /// Where the numbers came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

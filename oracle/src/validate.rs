@@ -30,9 +30,11 @@ use serde::Serialize;
 
 use crate::error::PlanError;
 use crate::layout::Layout;
-use crate::plan::{Cluster, Precision, Scenario, Training, from_value_at};
+use crate::parse::from_value_at;
+use crate::precision::Precision;
 use crate::profiles::Catalog;
 use crate::projection::{self, Breakdown, Projection};
+use crate::scenario::{Cluster, Scenario, Training};
 
 /// The columns every row must have.
 pub const REQUIRED_COLUMNS: &[&str] = &[

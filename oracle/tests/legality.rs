@@ -2,8 +2,9 @@
 //! pipeline layer assignment (even, uneven first/last, interleaved, explicit layout).
 
 use primus_oracle::layout::{Layout, LayoutError, PipelineLayout, Recompute, Schedule};
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 
 fn scenario(model: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
     let c = Catalog::builtin().unwrap();

@@ -9,8 +9,9 @@ use primus_oracle::memory::{
     inflight_microbatches, layer_activation_bytes, peak_bytes, peak_bytes_with,
 };
 use primus_oracle::model::LayerKind;
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 
 fn scenario(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
     let c = Catalog::builtin().unwrap();

@@ -6,8 +6,9 @@
 
 use primus_oracle::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use primus_oracle::memory::estimate;
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use proptest::prelude::*;
 
 const MODELS: &[&str] = &[

@@ -6,9 +6,10 @@ use primus_oracle::calibrate::{LayerMeasurement, MeasuredTimer};
 use primus_oracle::compute::{AnalyticTimer, LayerShape, Op, OpTimer, Pass, TimerContext};
 use primus_oracle::layout::{Layout, Recompute, Schedule};
 use primus_oracle::model::LayerKind;
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::projection::{Dominant, project, project_with, step_time};
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 
 fn scenario(
     model: &str,

@@ -10,9 +10,10 @@ use primus_oracle::layout::{
 };
 use primus_oracle::memory::{self, Keep, MemoryOptions, layer_activation_bytes};
 use primus_oracle::model::LayerKind;
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::projection;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use primus_oracle::validate::{embedding_and_loss_split, validate_text};
 
 use RecomputeModule::*;

@@ -5,8 +5,9 @@
 use primus_oracle::hardware::HardwareProfile;
 use primus_oracle::layout::{Layout, Recompute, Schedule};
 use primus_oracle::megatron::MegatronArgs;
-use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use primus_oracle::tune::job::{JobOptions, annotation, pytorchjob};
 use serde_json::{Value, json};
 

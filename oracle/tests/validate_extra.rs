@@ -160,8 +160,9 @@ fn moe_model_flops_do_not_count_the_busiest_rank_load() {
     // the step but are not model work. Mixtral 8x22B (one expert per rank at EP 8, load
     // factor ~1.5) must report the same model FLOPs per step with and without EP.
     use primus_oracle::layout::Layout;
-    use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+    use primus_oracle::precision::Precision;
     use primus_oracle::projection::step_time;
+    use primus_oracle::scenario::{Cluster, Scenario, Training};
     let c = Catalog::builtin().expect("catalog");
     let s = Scenario {
         model: c.model("mixtral-8x22b").expect("model").clone(),

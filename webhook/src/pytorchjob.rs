@@ -15,8 +15,9 @@ use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
 use primus_oracle::model::ModelCard;
-use primus_oracle::plan::{Cluster, Scenario, Training, from_value_at};
+use primus_oracle::parse::from_value_at;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use serde_json::Value;
 
 use crate::bounds::{self, limits};

@@ -14,7 +14,7 @@ use std::time::Instant;
 use primus_oracle::layout::{Layout, ModuleSet, Recompute, RecomputeModule, Schedule};
 use primus_oracle::megatron::flag;
 use primus_oracle::memory;
-use primus_oracle::plan::Scenario;
+use primus_oracle::scenario::Scenario;
 use primus_oracle::tune::space::default_module_sets;
 
 /// One change to one axis of a layout.

@@ -6,7 +6,8 @@
 use primus_crds::TrainingPlanSpec;
 use primus_oracle::FieldError;
 use primus_oracle::memory;
-use primus_oracle::plan::{SearcherKind, from_value_at};
+use primus_oracle::parse::from_value_at;
+use primus_oracle::plan::SearcherKind;
 use primus_oracle::profiles::Catalog;
 use serde_json::Value;
 

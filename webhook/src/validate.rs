@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use primus_crds::annotations;
 use primus_oracle::layout::Layout;
 use primus_oracle::memory;
-use primus_oracle::plan::Scenario;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::Scenario;
 use primus_oracle::units::gib;
 use serde_json::Value;
 

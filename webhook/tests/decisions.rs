@@ -170,7 +170,8 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
     // while recomputing the experts' activation (moe_act) brings it to 160.3 GiB, a smaller
     // change than full recompute.
     use primus_oracle::layout::{Layout, RecomputeModule};
-    use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+    use primus_oracle::precision::Precision;
+    use primus_oracle::scenario::{Cluster, Scenario, Training};
     use primus_webhook::suggest::{Move, search};
     let c = Catalog::builtin().unwrap();
     let s = Scenario {

@@ -5,7 +5,7 @@
 //! tensor parallelism, then context parallelism. Every reduction is reported.
 
 use crate::layout::{Layout, Schedule};
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// A layout shrunk to fit one node.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,8 +108,9 @@ pub fn downscale(s: &Scenario, target: &Layout) -> Downscaled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Cluster, Precision, Training};
+    use crate::precision::Precision;
     use crate::profiles::Catalog;
+    use crate::scenario::{Cluster, Training};
 
     fn scenario(model: &str, gpus: u32) -> Scenario {
         let c = Catalog::builtin().unwrap();

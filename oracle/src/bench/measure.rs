@@ -5,8 +5,8 @@
 //! [`crate::compute::embedding_ops`], [`crate::compute::head_ops`]) at the downscaled layout
 //! ([`crate::bench::downscale()`]): one dense layer (models that have them) and one MoE layer
 //! (MoE models), the embedding and the output layer with its loss, each op in its forward,
-//! dgrad and wgrad passes, so a measurement carries the name and shape the calibration
-//! ([`crate::calibrate`]) looks up. Each case also lists the kernels a GPU
+//! dgrad and wgrad passes, so a measurement carries the name and shape the calibration (the
+//! `calibrate` module, which reads these reports) looks up. Each case also lists the kernels a GPU
 //! backend launches for it ([`Kernel`]):
 //! - a GEMM pass runs as the GEMM the pass launches (M x N x K, see [`pass_shape`]), once per
 //!   local expert for grouped GEMMs, in the plan's precision (FP8 inputs for the Transformer
@@ -32,9 +32,11 @@ mod shapes;
 use crate::collectives::Collective;
 use crate::compute::{ACT_BYTES, Dims, Op, OpClass, Pass};
 use crate::layout::Layout;
-use crate::plan::{Plan, Precision, Scenario};
+use crate::plan::Plan;
+use crate::precision::Precision;
 use crate::projection::{BUCKET_PARAMS, grad_bytes};
 use crate::report::{Backend, BenchmarkResults, CollectiveMeasurement, OpMeasurement};
+use crate::scenario::Scenario;
 use crate::units::GB;
 pub use shapes::*;
 

@@ -10,8 +10,9 @@
 use crate::bench::measure::{self, BenchError, CollectiveCase, Device, DeviceInfo, OpCase};
 use crate::collectives::{self, Collective, Topology};
 use crate::compute::{AnalyticTimer, OpTimer, TimerContext};
-use crate::plan::{Plan, Scenario};
+use crate::plan::Plan;
 use crate::report::{Backend, BenchmarkResults};
+use crate::scenario::Scenario;
 
 pub use crate::bench::measure::Provenance;
 

@@ -13,7 +13,7 @@ use crate::compute::{
 };
 use crate::layout::Layout;
 use crate::model::LayerKind;
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// Where a term's time comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

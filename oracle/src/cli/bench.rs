@@ -14,7 +14,8 @@ use crate::bench::measure::{self, Protocol, Provenance};
 use crate::bench::simulate::SimulatedDevice;
 use crate::calibrate::Calibration;
 use crate::hardware::Vendor;
-use crate::plan::{Plan, parse_plan, parse_yaml_value};
+use crate::parse::parse_yaml_value;
+use crate::plan::{Plan, parse_plan};
 use crate::report::{Backend, BenchmarkResults};
 
 use super::{CliError, Common, catalog};

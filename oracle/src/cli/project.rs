@@ -29,7 +29,7 @@ pub struct Args {
 /// Read a report file and build the calibrated timer of a scenario; errors name the option.
 pub fn load_calibration(
     path: &Path,
-    s: &crate::plan::Scenario,
+    s: &crate::scenario::Scenario,
 ) -> Result<CalibratedTimer, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Input(format!("--calibration: {}: {e}", path.display())))?;

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use super::{CliError, Common, Output, plan, print_json};
 use crate::compute::AnalyticTimer;
-use crate::plan::{SearcherKind, parse_yaml_value};
+use crate::parse::parse_yaml_value;
+use crate::plan::SearcherKind;
 use crate::tune::exhaustive::Exhaustive;
 use crate::tune::job::{JobOptions, pytorchjob};
 use crate::tune::{Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune};
@@ -249,7 +250,7 @@ fn gib(b: f64) -> f64 {
 }
 
 /// The report as text.
-pub fn report_table(name: &str, r: &TuneResult, s: &crate::plan::Scenario) -> String {
+pub fn report_table(name: &str, r: &TuneResult, s: &crate::scenario::Scenario) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(

@@ -4,7 +4,7 @@
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
 use super::{Layout, Recompute, RecomputeModule, Schedule};
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// One broken legality rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

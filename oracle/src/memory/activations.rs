@@ -21,7 +21,7 @@
 
 use crate::layout::{Layout, ModuleSet, RecomputeModule, Schedule};
 use crate::model::{Activation, LayerKind, ModelCard};
-use crate::plan::Precision;
+use crate::precision::Precision;
 
 /// Bytes per element of 16-bit activations (BF16).
 pub const ACT_BYTES: f64 = 2.0;

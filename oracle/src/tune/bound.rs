@@ -22,7 +22,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 
 use crate::layout::{Layout, ModuleSet, Recompute, Schedule};
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 use super::Context;
 

@@ -22,7 +22,7 @@ use crate::error::FieldError;
 use crate::hardware::Vendor;
 use crate::layout::Layout;
 use crate::megatron::{self, flag};
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// Annotation keys of the jobs the writer builds; `primus_crds::annotations` re-exports them
 /// for the operator and the webhook (the oracle cannot depend on the crds crate).

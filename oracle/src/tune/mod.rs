@@ -26,8 +26,9 @@ use std::time::Instant;
 use crate::compute::{AnalyticTimer, OpTimer};
 use crate::error::FieldError;
 use crate::layout::{Layout, LayoutError, Recompute};
-use crate::plan::{Plan, Scenario, SearcherKind};
+use crate::plan::{Plan, SearcherKind};
 use crate::projection::{self, StepTime};
+use crate::scenario::Scenario;
 
 pub mod agent;
 pub mod bound;

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::layout::{Layout, LayoutError};
 use crate::memory;
-use crate::plan::Scenario;
+use crate::scenario::Scenario;
 
 /// Why a candidate was dropped before projection.
 #[derive(Debug, Clone, PartialEq)]

@@ -31,7 +31,9 @@ use std::collections::BTreeMap;
 
 use crate::error::FieldError;
 use crate::layout::{Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule};
-use crate::plan::{AllowedAxes, FixedAxes, Precision, Scenario, Tuning};
+use crate::plan::{AllowedAxes, FixedAxes, Tuning};
+use crate::precision::Precision;
+use crate::scenario::Scenario;
 
 /// How optimizer state (and weights) are sharded over data parallelism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -961,15 +963,15 @@ mod tests {
         let hardware = c.hardware("h100-sxm").unwrap().clone();
         let s = Scenario {
             model: c.model("deepseek-v3").unwrap().clone(),
-            cluster: crate::plan::Cluster {
+            cluster: crate::scenario::Cluster {
                 gpus: 1024,
                 gpus_per_node: 8,
             },
             hardware,
-            training: crate::plan::Training {
+            training: crate::scenario::Training {
                 seq_length: 4096,
                 global_batch_size: 8192,
-                precision: crate::plan::Precision::Bf16,
+                precision: crate::precision::Precision::Bf16,
             },
         };
         let space = Space::new(&s, &Tuning::default(), None).unwrap();

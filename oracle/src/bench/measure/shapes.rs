@@ -7,7 +7,7 @@ use crate::compute::{
 };
 use crate::layout::Layout;
 use crate::model::{LayerKind, ModelCard};
-use crate::plan::Precision;
+use crate::precision::Precision;
 
 /// One kernel a GPU backend launches for a case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
