@@ -5,30 +5,27 @@
 //! optimizer step and per-iteration overheads. Output: step time, tokens/s/GPU, model
 //! TFLOP/s/GPU, MFU, the breakdown of the step (DESIGN.md section 4) and the memory report.
 //!
-//! Costs are computed once per kind of decoder layer (dense/MoE, full/sliding attention) and
-//! summed per virtual stage in O(1) per stage; the schedule simulation is O(pp x m x vpp) with
-//! a cached pass order; scratch buffers are reused per thread, so a projection allocates only
-//! what the memory report returns.
+//! Costs are computed once per kind of decoder layer (dense/MoE, full/sliding attention;
+//! `layer.rs`) and summed per virtual stage in O(1) per stage; the schedule simulation is
+//! O(pp x m x vpp) with a cached pass order; scratch buffers are reused per thread, so a
+//! projection allocates only what the memory report returns. `model.rs` runs the time model's
+//! steps: stage costs, pipeline, data-parallel tail, breakdown.
 
 use std::cell::RefCell;
 
 use serde::Serialize;
 
-use crate::collectives::{self, Group, Placement, Topology};
-use crate::compute::{
-    self, ACT_BYTES, AnalyticTimer, Dims, LayerShape, OpTimer, OpTimes, TimerContext,
-};
-use crate::layout::{Layout, LayoutError, Recompute, Schedule};
+use crate::compute::{AnalyticTimer, OpTimer};
+use crate::layout::{Layout, LayoutError};
 use crate::memory::{self, MemoryReport};
-use crate::model::{LayerKind, ModelCard};
 use crate::scenario::Scenario;
-use crate::schedule::{Event, Simulator, StageCosts};
-use crate::units::MICROSECOND;
+use crate::schedule::{Event, Simulator};
 
+mod layer;
 mod model;
 
-pub use model::Parts;
-use model::time_model;
+pub use layer::Parts;
+use model::{GpuParams, time_model};
 
 /// Bytes of one gradient element in the data-parallel reduction: FP32 with Megatron-LM's
 /// `--bf16` default, BF16 with `--grad-reduce-in-bf16` (the memory model's gradient buffer:
@@ -304,8 +301,8 @@ struct Workspace {
     weight: Vec<f64>,
     /// Per virtual stage: exposed parts of one micro-batch's forward + backward.
     parts: Vec<Parts>,
-    /// Per virtual stage: (non-expert, expert) parameters one GPU holds.
-    params: Vec<(f64, f64)>,
+    /// Per virtual stage: parameters one GPU holds.
+    params: Vec<GpuParams>,
     /// Per virtual stage: recomputation inside one backward pass.
     recompute: Vec<f64>,
     /// One pipeline message.

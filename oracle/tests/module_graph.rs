@@ -70,7 +70,14 @@ fn code_only(src: &str) -> String {
             let hashes = c[i + 1..].iter().take_while(|&&x| x == '#').count();
             let mut j = i + 2 + hashes;
             while j < c.len() {
-                if c[j] == '"' && c[j + 1..].iter().take(hashes).filter(|&&x| x == '#').count() == hashes {
+                if c[j] == '"'
+                    && c[j + 1..]
+                        .iter()
+                        .take(hashes)
+                        .filter(|&&x| x == '#')
+                        .count()
+                        == hashes
+                {
                     j += 1 + hashes;
                     break;
                 }
@@ -245,7 +252,9 @@ fn references(
                     .chain(inline.iter().map(|(n, _)| n.clone()))
                     .collect();
                 if up > here.len() {
-                    return Err(format!("`super::` climbs above the crate root in {module:?}"));
+                    return Err(format!(
+                        "`super::` climbs above the crate root in {module:?}"
+                    ));
                 }
                 let base = &here[..here.len() - up];
                 match base.first() {
@@ -285,10 +294,7 @@ fn crate_root(lib: &str) -> (Vec<String>, BTreeMap<String, String>) {
             && let Some(m) = ident(toks.get(i + 1))
             && modules.iter().any(|x| x == m)
         {
-            for t in toks[i + 2..]
-                .iter()
-                .take_while(|t| **t != Tok::Other(';'))
-            {
+            for t in toks[i + 2..].iter().take_while(|t| **t != Tok::Other(';')) {
                 if let Tok::Ident(n) = t
                     && n != "self"
                     && n != "as"
@@ -344,7 +350,10 @@ fn graph_of(src: &Path) -> Result<(Vec<String>, Graph), String> {
         }
         rust_files(&src.join(m), &mut files);
         if files.is_empty() {
-            return Err(format!("module {m}: no {m}.rs or {m}/ under {}", src.display()));
+            return Err(format!(
+                "module {m}: no {m}.rs or {m}/ under {}",
+                src.display()
+            ));
         }
         for f in files {
             let rel = f.strip_prefix(src).unwrap_or(&f).to_path_buf();
@@ -456,7 +465,10 @@ fn cycles(modules: &[String], graph: &Graph) -> Vec<(Vec<String>, Vec<String>)> 
 }
 
 fn describe((component, cycle): &(Vec<String>, Vec<String>), graph: &Graph) -> String {
-    let mut s = format!("{} (all of {component:?} depend on each other)", cycle.join(" -> "));
+    let mut s = format!(
+        "{} (all of {component:?} depend on each other)",
+        cycle.join(" -> ")
+    );
     for pair in cycle.windows(2) {
         let files: Vec<&String> = graph[&pair[0]][&pair[1]].iter().collect();
         s.push_str(&format!("\n    {} -> {}: {files:?}", pair[0], pair[1]));
@@ -471,7 +483,11 @@ fn oracle_top_level_modules_form_a_dag() {
     // The scan sees the crate: known edges are there (a scanner that reads nothing would
     // find no cycle either).
     assert!(modules.len() >= 15, "top-level modules found: {modules:?}");
-    for (from, to) in [("projection", "schedule"), ("plan", "scenario"), ("tune", "projection")] {
+    for (from, to) in [
+        ("projection", "schedule"),
+        ("plan", "scenario"),
+        ("tune", "projection"),
+    ] {
         assert!(
             graph.get(from).is_some_and(|t| t.contains_key(to)),
             "expected edge {from} -> {to} not found; graph: {graph:#?}"
