@@ -175,6 +175,8 @@ pub struct Simulator {
     ranks: Vec<RankTimeline>,
     last_backward: Vec<LastBackward>,
     // ZB-H1 state.
+    /// End of each forward and backward pass (`index`), `None` until it has run.
+    zb_end: Vec<Option<f64>>,
     cursor: Vec<usize>,
     pending: Vec<u32>,
     pending_head: Vec<u32>,

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::layout::{ModuleSet, RecomputeModule};
+use crate::model::{MlaConfig, MoeConfig};
 
 /// The kinds of decoder layer whose cost differs: dense or MoE block, full or sliding-window
 /// attention. Costs are computed once per kind, not per layer.
@@ -105,62 +106,52 @@ pub fn moe_load_imbalance(local: f64, ep: f64) -> f64 {
 pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     let mut ops = OpList::default();
     let h = card.hidden_size as f64;
+    let mut ew = attention_ops(card, d, shape, &mut ops);
+    // --- MLP block ---
+    // Pre-MLP norm and residual add on the SP shard.
+    ew.bytes += d.tokens_sp() * (2.0 * h + 3.0 * h) * ACT_BYTES;
+    ew.kernels += 2.0;
+    match (shape.kind, &card.moe) {
+        (LayerKind::Moe, Some(moe)) => moe_ops(card, d, moe, &mut ops, &mut ew),
+        _ => dense_mlp_ops(card, d, &mut ops, &mut ew),
+    }
+    ops.push(Op::memory("elementwise", ew.bytes, ew.kernels));
+    ops
+}
+
+/// The layer's element-wise work outside the GEMMs and the attention core, merged into one
+/// memory-bound op: bytes moved and kernels launched.
+struct Elementwise {
+    bytes: f64,
+    kernels: f64,
+}
+
+/// Per-head widths of the attention: query/key and value head dimensions, the rotary part of
+/// the query/key, and the key/value heads.
+struct HeadDims {
+    dqk: f64,
+    dv: f64,
+    rope_dim: f64,
+    kv_heads: f64,
+}
+
+/// The attention block: the query/key/value projections, the attention core and the output
+/// projection; returns the element-wise work around it (norm, residual, rotary, Q/K norms).
+fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList) -> Elementwise {
+    let h = card.hidden_size as f64;
     let heads = card.attention_heads as f64;
     let t = d.tp;
     let tok = d.tokens();
     let tok_sp = d.tokens_sp();
-
-    // --- Attention block ---
-    let (dqk, dv, rope_dim, kv_heads);
-    if let Some(m) = &card.mla {
-        dqk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
-        dv = m.v_head_dim as f64;
-        rope_dim = m.qk_rope_head_dim as f64;
-        kv_heads = heads;
-        let kv_rank = m.kv_lora_rank as f64;
-        match m.q_lora_rank {
-            Some(r) => {
-                let r = r as f64;
-                // Duplicated down-projection on the sequence-parallel shard: h -> r_q.
-                ops.push(Op::gemm("q_down", tok_sp, r, h, 1.0, true));
-                // Column-parallel up-projection: r_q -> a (d_nope + d_rope) / tp.
-                ops.push(Op::gemm("q_up", tok, heads * dqk / t, r, 1.0, true));
-            }
-            None => ops.push(Op::gemm("q_proj", tok, heads * dqk / t, h, 1.0, true)),
-        }
-        // Duplicated kv down-projection h -> r_kv + d_rope, then up r_kv -> a (d_nope + d_v).
-        ops.push(Op::gemm(
-            "kv_down",
-            tok_sp,
-            kv_rank + rope_dim,
-            h,
-            1.0,
-            true,
-        ));
-        ops.push(Op::gemm(
-            "kv_up",
-            tok,
-            heads * (m.qk_nope_head_dim as f64 + dv) / t,
-            kv_rank,
-            1.0,
-            true,
-        ));
-    } else {
-        let hd = card.head_dim() as f64;
-        dqk = hd;
-        dv = hd;
-        rope_dim = hd;
-        kv_heads = card.kv_heads() as f64;
-        // Column-parallel fused QKV: h -> (a + 2g) d / tp.
-        ops.push(Op::gemm(
-            "qkv",
-            tok,
-            (heads + 2.0 * kv_heads) * hd / t,
-            h,
-            1.0,
-            true,
-        ));
-    }
+    let HeadDims {
+        dqk,
+        dv,
+        rope_dim,
+        kv_heads,
+    } = match &card.mla {
+        Some(m) => mla_projection_ops(card, m, d, ops),
+        None => qkv_projection_ops(card, d, ops),
+    };
     let window = if shape.sliding {
         card.sliding_window.map(|w| w as f64)
     } else {
@@ -192,101 +183,180 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     // Element-wise work around attention, bytes per token (BF16): input norm (read h,
     // write h) and residual add (read 2h, write h) on the SP shard; rotary on the local
     // query and key heads' rotary dims (read + write); Q/K norms (Qwen3) likewise.
-    let mut elementwise = tok_sp * (2.0 * h + 3.0 * h) * ACT_BYTES
-        + tok * 2.0 * (heads + kv_heads) * rope_dim / t * ACT_BYTES;
-    let mut elementwise_kernels = 4.0;
-    if card.qk_norm {
-        elementwise += tok * 2.0 * (heads + kv_heads) * dqk / t * ACT_BYTES;
-        elementwise_kernels += 2.0;
-    }
-
-    // --- MLP block ---
-    // Pre-MLP norm and residual add on the SP shard.
-    elementwise += tok_sp * (2.0 * h + 3.0 * h) * ACT_BYTES;
-    elementwise_kernels += 2.0;
-    let act_bytes_per_width = |w: f64| match card.activation {
-        // SwiGLU reads gate and up (2w), writes w.
-        Activation::Swiglu => 3.0 * w,
-        // Bias-GELU reads w, writes w.
-        Activation::Gelu => 2.0 * w,
+    let mut ew = Elementwise {
+        bytes: tok_sp * (2.0 * h + 3.0 * h) * ACT_BYTES
+            + tok * 2.0 * (heads + kv_heads) * rope_dim / t * ACT_BYTES,
+        kernels: 4.0,
     };
-    match (shape.kind, &card.moe) {
-        (LayerKind::Moe, Some(moe)) => {
-            let e = moe.num_experts as f64;
-            let k = moe.top_k as f64;
-            let fe = moe.moe_ffn_hidden_size as f64;
-            let td = d.tokens_dispatched();
-            // Router: replicated linear h -> E on the dispatched tokens (BF16), then FP32
-            // softmax (or sigmoid), top-k, and the load-balancing/z losses over the T x E
-            // scores: about six passes of 4 bytes over them.
-            ops.push(Op::gemm("router", td, e, h, 1.0, false));
-            ops.push(Op::memory("router_scores", td * e * 4.0 * 6.0, 10.0));
-            let local = (e / d.ep).max(1.0);
-            // Routed copies reaching the busiest GPU's experts.
-            let load = moe_load_imbalance(local, d.ep);
-            let routed = d.routed_tokens(k) * load;
-            let tokens_per_expert = routed / local;
-            let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
-            let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
-            let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
-            // Launches per local expert: Transformer Engine's grouped linear issues one GEMM
-            // per expert; experts with biases run Megatron's SequentialMLP, a separate MLP
-            // module per expert (Megatron's grouped-GEMM experts assert `add_bias_linear ==
-            // False`, megatron/core/transformer/moe/experts.py).
-            let per_expert = if card.mlp_bias {
-                SEQUENTIAL_EXPERT_LAUNCHES
-            } else {
-                1.0
-            };
-            fc1_op.kernels = local * per_expert;
-            fc2_op.kernels = local * per_expert;
-            fc1_op.after_sync = true;
-            fc2_op.after_sync = true;
-            fc1_op.load = load;
-            fc2_op.load = load;
-            ops.push(fc1_op);
-            ops.push(fc2_op);
-            // Source side (balanced): permute the token copies before the dispatch (gather:
-            // read + write) and un-permute after the combine (read the copies, weighted
-            // scatter-add into the output): 3.5 passes over k copies of h.
-            let mut source = Op::memory("moe_permute", td * k * h * ACT_BYTES * 3.5, 6.0);
-            source.after_sync = true;
-            ops.push(source);
-            // Expert side (busiest GPU): sort the received copies by local expert and unsort
-            // them before the combine (read + write each), and the experts' activation.
-            let mut expert_side = Op::memory(
-                "moe_expert_elementwise",
-                routed * h * ACT_BYTES * 4.0 + routed * act_bytes_per_width(fe / d.etp) * ACT_BYTES,
-                // Sort, unsort, activation; a sequential MLP runs its activation and the copies
-                // in and out per expert.
-                if card.mlp_bias {
-                    2.0 + 3.0 * local
-                } else {
-                    5.0
-                },
-            );
-            expert_side.after_sync = true;
-            ops.push(expert_side);
-            let shared = card.shared_expert_ffn() as f64;
-            if shared > 0.0 {
-                let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
-                ops.push(Op::gemm("shared_fc1", tok, fc1s, h, 1.0, true));
-                ops.push(Op::gemm("shared_fc2", tok, h, shared / t, 1.0, true));
-                elementwise += tok * act_bytes_per_width(shared / t) * ACT_BYTES;
-                elementwise_kernels += 1.0;
-            }
-        }
-        _ => {
-            let f = card.ffn_hidden_size as f64;
-            let fc1 = card.mlp_fc1_width(card.ffn_hidden_size) as f64 / t;
-            ops.push(Op::gemm("fc1", tok, fc1, h, 1.0, true));
-            ops.push(Op::gemm("fc2", tok, h, f / t, 1.0, true));
-            elementwise += tok * act_bytes_per_width(f / t) * ACT_BYTES;
-            elementwise_kernels += 1.0;
-        }
+    if card.qk_norm {
+        ew.bytes += tok * 2.0 * (heads + kv_heads) * dqk / t * ACT_BYTES;
+        ew.kernels += 2.0;
     }
-    ops.push(Op::memory("elementwise", elementwise, elementwise_kernels));
-    ops
+    ew
+}
+
+/// MLA's projections: the duplicated down-projections on the sequence-parallel shard and the
+/// column-parallel up-projections.
+fn mla_projection_ops(card: &ModelCard, m: &MlaConfig, d: &Dims, ops: &mut OpList) -> HeadDims {
+    let h = card.hidden_size as f64;
+    let heads = card.attention_heads as f64;
+    let t = d.tp;
+    let tok = d.tokens();
+    let tok_sp = d.tokens_sp();
+    let dqk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+    let dv = m.v_head_dim as f64;
+    let rope_dim = m.qk_rope_head_dim as f64;
+    let kv_rank = m.kv_lora_rank as f64;
+    match m.q_lora_rank {
+        Some(r) => {
+            let r = r as f64;
+            // Duplicated down-projection on the sequence-parallel shard: h -> r_q.
+            ops.push(Op::gemm("q_down", tok_sp, r, h, 1.0, true));
+            // Column-parallel up-projection: r_q -> a (d_nope + d_rope) / tp.
+            ops.push(Op::gemm("q_up", tok, heads * dqk / t, r, 1.0, true));
+        }
+        None => ops.push(Op::gemm("q_proj", tok, heads * dqk / t, h, 1.0, true)),
+    }
+    // Duplicated kv down-projection h -> r_kv + d_rope, then up r_kv -> a (d_nope + d_v).
+    ops.push(Op::gemm(
+        "kv_down",
+        tok_sp,
+        kv_rank + rope_dim,
+        h,
+        1.0,
+        true,
+    ));
+    ops.push(Op::gemm(
+        "kv_up",
+        tok,
+        heads * (m.qk_nope_head_dim as f64 + dv) / t,
+        kv_rank,
+        1.0,
+        true,
+    ));
+    HeadDims {
+        dqk,
+        dv,
+        rope_dim,
+        kv_heads: heads,
+    }
+}
+
+/// Standard (and grouped-query) attention's column-parallel fused QKV projection.
+fn qkv_projection_ops(card: &ModelCard, d: &Dims, ops: &mut OpList) -> HeadDims {
+    let h = card.hidden_size as f64;
+    let heads = card.attention_heads as f64;
+    let hd = card.head_dim() as f64;
+    let kv_heads = card.kv_heads() as f64;
+    // Column-parallel fused QKV: h -> (a + 2g) d / tp.
+    ops.push(Op::gemm(
+        "qkv",
+        d.tokens(),
+        (heads + 2.0 * kv_heads) * hd / d.tp,
+        h,
+        1.0,
+        true,
+    ));
+    HeadDims {
+        dqk: hd,
+        dv: hd,
+        rope_dim: hd,
+        kv_heads,
+    }
+}
+
+/// Bytes per token the MLP activation moves at width `w`: SwiGLU reads gate and up (2w) and
+/// writes w; bias-GELU reads w and writes w.
+fn activation_bytes_per_width(card: &ModelCard, w: f64) -> f64 {
+    match card.activation {
+        Activation::Swiglu => 3.0 * w,
+        Activation::Gelu => 2.0 * w,
+    }
+}
+
+/// The dense MLP: column-parallel FC1, row-parallel FC2, and its activation.
+fn dense_mlp_ops(card: &ModelCard, d: &Dims, ops: &mut OpList, ew: &mut Elementwise) {
+    let h = card.hidden_size as f64;
+    let t = d.tp;
+    let tok = d.tokens();
+    let f = card.ffn_hidden_size as f64;
+    let fc1 = card.mlp_fc1_width(card.ffn_hidden_size) as f64 / t;
+    ops.push(Op::gemm("fc1", tok, fc1, h, 1.0, true));
+    ops.push(Op::gemm("fc2", tok, h, f / t, 1.0, true));
+    ew.bytes += tok * activation_bytes_per_width(card, f / t) * ACT_BYTES;
+    ew.kernels += 1.0;
+}
+
+/// The MoE block: router, the busiest GPU's experts, token permutation on both sides of the
+/// dispatch, and the shared experts.
+fn moe_ops(card: &ModelCard, d: &Dims, moe: &MoeConfig, ops: &mut OpList, ew: &mut Elementwise) {
+    let h = card.hidden_size as f64;
+    let t = d.tp;
+    let tok = d.tokens();
+    let e = moe.num_experts as f64;
+    let k = moe.top_k as f64;
+    let fe = moe.moe_ffn_hidden_size as f64;
+    let td = d.tokens_dispatched();
+    // Router: replicated linear h -> E on the dispatched tokens (BF16), then FP32
+    // softmax (or sigmoid), top-k, and the load-balancing/z losses over the T x E
+    // scores: about six passes of 4 bytes over them.
+    ops.push(Op::gemm("router", td, e, h, 1.0, false));
+    ops.push(Op::memory("router_scores", td * e * 4.0 * 6.0, 10.0));
+    let local = (e / d.ep).max(1.0);
+    // Routed copies reaching the busiest GPU's experts.
+    let load = moe_load_imbalance(local, d.ep);
+    let routed = d.routed_tokens(k) * load;
+    let tokens_per_expert = routed / local;
+    let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
+    let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
+    let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
+    // Launches per local expert: Transformer Engine's grouped linear issues one GEMM
+    // per expert; experts with biases run Megatron's SequentialMLP, a separate MLP
+    // module per expert (Megatron's grouped-GEMM experts assert `add_bias_linear ==
+    // False`, megatron/core/transformer/moe/experts.py).
+    let per_expert = if card.mlp_bias {
+        SEQUENTIAL_EXPERT_LAUNCHES
+    } else {
+        1.0
+    };
+    fc1_op.kernels = local * per_expert;
+    fc2_op.kernels = local * per_expert;
+    fc1_op.after_sync = true;
+    fc2_op.after_sync = true;
+    fc1_op.load = load;
+    fc2_op.load = load;
+    ops.push(fc1_op);
+    ops.push(fc2_op);
+    // Source side (balanced): permute the token copies before the dispatch (gather:
+    // read + write) and un-permute after the combine (read the copies, weighted
+    // scatter-add into the output): 3.5 passes over k copies of h.
+    let mut source = Op::memory("moe_permute", td * k * h * ACT_BYTES * 3.5, 6.0);
+    source.after_sync = true;
+    ops.push(source);
+    // Expert side (busiest GPU): sort the received copies by local expert and unsort
+    // them before the combine (read + write each), and the experts' activation.
+    let mut expert_side = Op::memory(
+        "moe_expert_elementwise",
+        routed * h * ACT_BYTES * 4.0
+            + routed * activation_bytes_per_width(card, fe / d.etp) * ACT_BYTES,
+        // Sort, unsort, activation; a sequential MLP runs its activation and the copies
+        // in and out per expert.
+        if card.mlp_bias {
+            2.0 + 3.0 * local
+        } else {
+            5.0
+        },
+    );
+    expert_side.after_sync = true;
+    ops.push(expert_side);
+    let shared = card.shared_expert_ffn() as f64;
+    if shared > 0.0 {
+        let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
+        ops.push(Op::gemm("shared_fc1", tok, fc1s, h, 1.0, true));
+        ops.push(Op::gemm("shared_fc2", tok, h, shared / t, 1.0, true));
+        ew.bytes += tok * activation_bytes_per_width(card, shared / t) * ACT_BYTES;
+        ew.kernels += 1.0;
+    }
 }
 
 /// The selective-recompute modules whose checkpoint reruns the whole of a [`layer_ops`] op, by

@@ -11,8 +11,8 @@ impl Simulator {
     /// rank of 1F1B), and drains the rest at the end.
     pub(super) fn run_zero_bubble(&mut self, c: &StageCosts, pp: usize, m: usize) {
         let nvs = pp;
-        self.end.clear();
-        self.end.resize(2 * nvs * m, f64::NAN);
+        self.zb_end.clear();
+        self.zb_end.resize(2 * nvs * m, None);
         self.cursor.clear();
         self.cursor.resize(pp, 0);
         self.pending.clear();
@@ -35,10 +35,10 @@ impl Simulator {
                     let (ready, msg) = if dep == NONE {
                         (0.0, 0.0)
                     } else {
-                        let e = self.end[dep as usize];
-                        if e.is_nan() {
+                        // The pass this one waits for has not run yet: next rank.
+                        let Some(e) = self.zb_end[dep as usize] else {
                             break;
-                        }
+                        };
                         if cross { (e + c.p2p, c.p2p) } else { (e, 0.0) }
                     };
                     // Fill the gap before this pass with deferred weight passes.
@@ -53,7 +53,7 @@ impl Simulator {
                         c.forward[vs]
                     };
                     let end = start + dur;
-                    self.end[index(backward, vs, mb, nvs, m)] = end;
+                    self.zb_end[index(backward, vs, mb, nvs, m)] = Some(end);
                     self.free[r] = end;
                     let rt = &mut self.ranks[r];
                     rt.busy += dur;

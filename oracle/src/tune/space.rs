@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 
 use crate::error::FieldError;
 use crate::layout::{Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use crate::model::ModelCard;
 use crate::plan::{AllowedAxes, FixedAxes, Tuning};
 use crate::precision::Precision;
 use crate::scenario::Scenario;
@@ -315,6 +316,178 @@ fn sort_dedup(mut v: Vec<u32>) -> Vec<u32> {
     v
 }
 
+/// The default values of the numeric axes, before `allowed` and `fixed` (see the module doc).
+struct DefaultAxes {
+    tp: Vec<u32>,
+    pp: Vec<u32>,
+    cp: Vec<u32>,
+    ep: Vec<u32>,
+    micro_batch_size: Vec<u32>,
+}
+
+impl DefaultAxes {
+    fn of(s: &Scenario) -> DefaultAxes {
+        let gpus = s.cluster.gpus;
+        let m = &s.model;
+        let seq = s.training.seq_length;
+        DefaultAxes {
+            tp: divisors_u32(gpus)
+                .into_iter()
+                .filter(|d| *d <= m.attention_heads)
+                .collect(),
+            pp: divisors_u32(gpus)
+                .into_iter()
+                .filter(|d| *d <= m.layers)
+                .collect(),
+            cp: divisors_u32(gpus)
+                .into_iter()
+                .filter(|d| *d == 1 || seq.is_multiple_of(2 * *d as u64))
+                .collect(),
+            ep: match &m.moe {
+                Some(moe) => divisors_u32(moe.num_experts)
+                    .into_iter()
+                    .filter(|d| gpus.is_multiple_of(*d))
+                    .collect(),
+                None => vec![1],
+            },
+            micro_batch_size: divisors(s.training.global_batch_size)
+                .into_iter()
+                .filter(|d| *d <= u32::MAX as u64)
+                .map(|d| d as u32)
+                .collect(),
+        }
+    }
+}
+
+/// The recomputation axes after `allowed` and `fixed`.
+struct RecomputeAxes {
+    recompute: Vec<Recompute>,
+    recompute_layers: Option<u32>,
+    recompute_modules: Vec<ModuleSet>,
+}
+
+/// Recompute granularity, full recompute's layer count and selective recompute's module
+/// sets; a pinned layer count implies full recompute, pinned modules selective.
+fn recompute_axes(
+    s: &Scenario,
+    fixed: &FixedAxes,
+    allowed: &AllowedAxes,
+) -> Result<RecomputeAxes, FieldError> {
+    let mut recompute = narrow(
+        "recompute",
+        vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        allowed.recompute.as_ref(),
+        fixed.recompute,
+        |_| true,
+    )?;
+    recompute.sort();
+    recompute.dedup();
+    let recompute_layers = match fixed.recompute_layers {
+        None => None,
+        Some(0) => Some(0),
+        Some(k) => {
+            if !recompute.contains(&Recompute::Full) {
+                return Err(FieldError::new(
+                    format!("{FIXED}.recomputeLayers"),
+                    format!("{k} layers need recompute full among the allowed values"),
+                ));
+            }
+            // Only full recompute takes a layer count.
+            recompute = vec![Recompute::Full];
+            Some(k)
+        }
+    };
+    let set_of = |list: &Vec<RecomputeModule>| ModuleSet::of(list);
+    let allowed_sets: Option<Vec<ModuleSet>> = allowed
+        .recompute_modules
+        .as_ref()
+        .map(|l| l.iter().map(set_of).collect());
+    let fixed_set = fixed.recompute_modules.as_ref().map(set_of);
+    let fits = |set: &ModuleSet| set.iter().all(|m| module_fits(s, m));
+    let mut recompute_modules = narrow(
+        "recomputeModules",
+        default_module_sets(s),
+        allowed_sets.as_ref(),
+        fixed_set,
+        fits,
+    )?;
+    let mut seen = Vec::new();
+    recompute_modules.retain(|m| {
+        let new = !seen.contains(m);
+        seen.push(*m);
+        new
+    });
+    if let Some(set) = fixed_set {
+        if !recompute.contains(&Recompute::Selective) {
+            return Err(FieldError::new(
+                format!("{FIXED}.recomputeModules"),
+                format!(
+                    "[{}] needs recompute selective among the allowed values",
+                    set.label().replace('+', ", ")
+                ),
+            ));
+        }
+        // Only selective recompute takes modules.
+        recompute = vec![Recompute::Selective];
+    }
+    Ok(RecomputeAxes {
+        recompute,
+        recompute_layers,
+        recompute_modules,
+    })
+}
+
+/// The pipeline schedules after `allowed` and `fixed`.
+fn schedule_axis(fixed: &FixedAxes, allowed: &AllowedAxes) -> Result<Vec<Schedule>, FieldError> {
+    let mut schedule = narrow(
+        "schedule",
+        vec![
+            Schedule::OneFOneB,
+            Schedule::Interleaved,
+            Schedule::ZeroBubble,
+        ],
+        allowed.schedule.as_ref(),
+        fixed.schedule,
+        |_| true,
+    )?;
+    schedule.sort();
+    schedule.dedup();
+    Ok(schedule)
+}
+
+/// The optimizer shardings `fixed.fsdp` and `fixed.distributedOptimizer` leave.
+fn sharding_axis(fixed: &FixedAxes) -> Vec<Sharding> {
+    match (fixed.fsdp, fixed.distributed_optimizer) {
+        (Some(true), _) => vec![Sharding::Fsdp],
+        (_, Some(true)) => vec![Sharding::DistributedOptimizer],
+        (Some(false), Some(false)) => vec![Sharding::Replicated],
+        (Some(false), None) => vec![Sharding::DistributedOptimizer],
+        (None, Some(false)) => vec![Sharding::Fsdp, Sharding::Replicated],
+        (None, None) => vec![Sharding::DistributedOptimizer, Sharding::Fsdp],
+    }
+}
+
+/// Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
+/// embedding, the loss and the MTP layers evenly.
+fn balanced_layouts(m: &ModelCard, pp: &[u32]) -> BTreeMap<(u32, u32), PipelineLayout> {
+    let mut balanced = BTreeMap::new();
+    let slots = m.layers + m.mtp_layers + 2;
+    for &p in pp {
+        if p < 2 {
+            continue;
+        }
+        for v in 1..=slots / p {
+            if let Some(text) =
+                crate::validate::embedding_and_loss_split(m.layers, m.mtp_layers, p, v)
+                && let Ok(parsed) = PipelineLayout::parse(&text)
+            {
+                balanced.insert((p, v), parsed);
+            }
+        }
+    }
+    balanced
+}
+
 impl Space {
     /// The space of a scenario under `spec.tuning`; `reference` (`spec.parallelism`) supplies
     /// the values of the axes that are not searched. Errors name the `spec.tuning` field.
@@ -325,67 +498,16 @@ impl Space {
     ) -> Result<Space, FieldError> {
         let fixed: &FixedAxes = &tuning.fixed;
         let allowed: &AllowedAxes = &tuning.allowed;
-        let gpus = s.cluster.gpus;
         let m = &s.model;
         let positive = |v: &u32| *v > 0;
-
-        let tp_default: Vec<u32> = divisors_u32(gpus)
-            .into_iter()
-            .filter(|d| *d <= m.attention_heads)
-            .collect();
-        let pp_default: Vec<u32> = divisors_u32(gpus)
-            .into_iter()
-            .filter(|d| *d <= m.layers)
-            .collect();
-        let seq = s.training.seq_length;
-        let cp_default: Vec<u32> = divisors_u32(gpus)
-            .into_iter()
-            .filter(|d| *d == 1 || seq.is_multiple_of(2 * *d as u64))
-            .collect();
-        let ep_default: Vec<u32> = match &m.moe {
-            Some(moe) => divisors_u32(moe.num_experts)
-                .into_iter()
-                .filter(|d| gpus.is_multiple_of(*d))
-                .collect(),
-            None => vec![1],
-        };
-        let mbs_default: Vec<u32> = divisors(s.training.global_batch_size)
-            .into_iter()
-            .filter(|d| *d <= u32::MAX as u64)
-            .map(|d| d as u32)
-            .collect();
-
-        let tp = sort_dedup(narrow(
-            "tp",
-            tp_default,
-            allowed.tp.as_ref(),
-            fixed.tp,
-            positive,
-        )?);
-        let pp = sort_dedup(narrow(
-            "pp",
-            pp_default,
-            allowed.pp.as_ref(),
-            fixed.pp,
-            positive,
-        )?);
-        let cp = sort_dedup(narrow(
-            "cp",
-            cp_default,
-            allowed.cp.as_ref(),
-            fixed.cp,
-            positive,
-        )?);
-        let ep = sort_dedup(narrow(
-            "ep",
-            ep_default,
-            allowed.ep.as_ref(),
-            fixed.ep,
-            positive,
-        )?);
+        let d = DefaultAxes::of(s);
+        let tp = sort_dedup(narrow("tp", d.tp, allowed.tp.as_ref(), fixed.tp, positive)?);
+        let pp = sort_dedup(narrow("pp", d.pp, allowed.pp.as_ref(), fixed.pp, positive)?);
+        let cp = sort_dedup(narrow("cp", d.cp, allowed.cp.as_ref(), fixed.cp, positive)?);
+        let ep = sort_dedup(narrow("ep", d.ep, allowed.ep.as_ref(), fixed.ep, positive)?);
         let micro_batch_size = sort_dedup(narrow(
             "microBatchSize",
-            mbs_default,
+            d.micro_batch_size,
             allowed.micro_batch_size.as_ref(),
             fixed.micro_batch_size,
             positive,
@@ -398,85 +520,8 @@ impl Space {
             (None, None) => None,
             (f, a) => Some(sort_dedup(narrow("etp", Vec::new(), a, f, positive)?)),
         };
-        let mut recompute = narrow(
-            "recompute",
-            vec![Recompute::None, Recompute::Selective, Recompute::Full],
-            allowed.recompute.as_ref(),
-            fixed.recompute,
-            |_| true,
-        )?;
-        recompute.sort();
-        recompute.dedup();
-        let recompute_layers = match fixed.recompute_layers {
-            None => None,
-            Some(0) => Some(0),
-            Some(k) => {
-                if !recompute.contains(&Recompute::Full) {
-                    return Err(FieldError::new(
-                        format!("{FIXED}.recomputeLayers"),
-                        format!("{k} layers need recompute full among the allowed values"),
-                    ));
-                }
-                // Only full recompute takes a layer count.
-                recompute = vec![Recompute::Full];
-                Some(k)
-            }
-        };
-        let set_of = |list: &Vec<RecomputeModule>| ModuleSet::of(list);
-        let allowed_sets: Option<Vec<ModuleSet>> = allowed
-            .recompute_modules
-            .as_ref()
-            .map(|l| l.iter().map(set_of).collect());
-        let fixed_set = fixed.recompute_modules.as_ref().map(set_of);
-        let fits = |set: &ModuleSet| set.iter().all(|m| module_fits(s, m));
-        let mut recompute_modules = narrow(
-            "recomputeModules",
-            default_module_sets(s),
-            allowed_sets.as_ref(),
-            fixed_set,
-            fits,
-        )?;
-        let mut seen = Vec::new();
-        recompute_modules.retain(|m| {
-            let new = !seen.contains(m);
-            seen.push(*m);
-            new
-        });
-        if let Some(set) = fixed_set {
-            if !recompute.contains(&Recompute::Selective) {
-                return Err(FieldError::new(
-                    format!("{FIXED}.recomputeModules"),
-                    format!(
-                        "[{}] needs recompute selective among the allowed values",
-                        set.label().replace('+', ", ")
-                    ),
-                ));
-            }
-            // Only selective recompute takes modules.
-            recompute = vec![Recompute::Selective];
-        }
-        let mut schedule = narrow(
-            "schedule",
-            vec![
-                Schedule::OneFOneB,
-                Schedule::Interleaved,
-                Schedule::ZeroBubble,
-            ],
-            allowed.schedule.as_ref(),
-            fixed.schedule,
-            |_| true,
-        )?;
-        schedule.sort();
-        schedule.dedup();
-        let sharding = match (fixed.fsdp, fixed.distributed_optimizer) {
-            (Some(true), _) => vec![Sharding::Fsdp],
-            (_, Some(true)) => vec![Sharding::DistributedOptimizer],
-            (Some(false), Some(false)) => vec![Sharding::Replicated],
-            (Some(false), None) => vec![Sharding::DistributedOptimizer],
-            (None, Some(false)) => vec![Sharding::Fsdp, Sharding::Replicated],
-            (None, None) => vec![Sharding::DistributedOptimizer, Sharding::Fsdp],
-        };
-
+        let rc = recompute_axes(s, fixed, allowed)?;
+        let schedule = schedule_axis(fixed, allowed)?;
         let mut base = reference.cloned().unwrap_or_default();
         base.pipeline_layout = None;
         base.first_stage_layers = None;
@@ -484,24 +529,8 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
-        // Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
-        // embedding, the loss and the MTP layers evenly.
-        let mut balanced = BTreeMap::new();
-        let slots = m.layers + m.mtp_layers + 2;
-        for &p in &pp {
-            if p < 2 {
-                continue;
-            }
-            for v in 1..=slots / p {
-                if let Some(text) =
-                    crate::validate::embedding_and_loss_split(m.layers, m.mtp_layers, p, v)
-                    && let Ok(parsed) = PipelineLayout::parse(&text)
-                {
-                    balanced.insert((p, v), parsed);
-                }
-            }
-        }
         Ok(Space {
+            balanced: balanced_layouts(m, &pp),
             tp,
             pp,
             vpp,
@@ -509,16 +538,15 @@ impl Space {
             ep,
             etp,
             micro_batch_size,
-            recompute,
-            recompute_layers,
-            recompute_modules,
-            sharding,
+            recompute: rc.recompute,
+            recompute_layers: rc.recompute_layers,
+            recompute_modules: rc.recompute_modules,
+            sharding: sharding_axis(fixed),
             schedule,
             base,
-            gpus,
+            gpus: s.cluster.gpus,
             layers: m.layers,
             mtp: m.mtp_layers,
-            balanced,
         })
     }
 

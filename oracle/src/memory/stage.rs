@@ -1,0 +1,439 @@
+//! The accounting of one pipeline stage behind [`super::estimate`] and [`super::peak_bytes`],
+//! in the terms the module documentation of [`crate::memory`] lists: what the stage's chunks
+//! hold (layers by kind, embedding, loss, MTP) and the activations they keep, the parameters
+//! and their weight, gradient and optimizer bytes under the layout's sharding, and the
+//! buffers. Everything that does not depend on the stage is computed once per call ([`Ctx`]),
+//! on the stack, so [`super::peak_bytes`] allocates nothing.
+
+use crate::layout::{Layout, Recompute, Schedule};
+use crate::model::LayerKind;
+use crate::precision::Precision;
+use crate::scenario::Scenario;
+
+use super::activations::{
+    self, ACT_BYTES, ActivationTerms, ChunkSplit, FP32_BYTES, Keep, MemoryOptions,
+    inflight_microbatches, layer_terms, wgrad_terms,
+};
+use super::{
+    FP8_WEIGHT_COPY_BYTES, FSDP_UNSHARDED_LAYERS, PP_P2P_BUFFERS, SP_GATHER_BUFFERS, StageMemory,
+    TP_OVERLAP_BUFFERS, VOCAB_PAD_MULTIPLE, WEIGHT_BYTES, grad_and_optimizer_bytes,
+};
+
+/// Per-GPU parameters of one layer: a dense layer, and an MoE layer outside / inside its
+/// experts; and of those, the ones in GEMM weights (what FP8 keeps an extra copy of).
+struct LayerParams {
+    dense: f64,
+    moe_dense: f64,
+    moe_expert: f64,
+    dense_linear: f64,
+    moe_dense_linear: f64,
+    moe_expert_linear: f64,
+}
+
+/// Per micro-batch activation bytes of one layer: as the layout keeps it (everything, or all
+/// but what the selective-recompute modules rerun), keeping everything, fully recomputed (its
+/// input only), and its deferred weight-gradient inputs (zero-bubble).
+struct LayerActivations {
+    dense: f64,
+    moe: f64,
+    all_dense: f64,
+    all_moe: f64,
+    input: f64,
+    wgrad_dense: f64,
+    wgrad_moe: f64,
+}
+
+/// Divisors of the per-GPU parameters: weights and gradients (FSDP) and optimizer states
+/// (the distributed optimizer or FSDP), for non-expert and expert parameters.
+struct Shards {
+    dense_weight: f64,
+    expert_weight: f64,
+    dense_opt: f64,
+    expert_opt: f64,
+}
+
+/// Everything per call that does not depend on the stage, on the stack.
+pub(super) struct Ctx<'a> {
+    s: &'a Scenario,
+    l: &'a Layout,
+    tp: f64,
+    tp_sp: f64,
+    tokens: f64,
+    m: u32,
+    chunks: u32,
+    dense_layers: u32,
+    h: f64,
+    vocab_padded: f64,
+    params: LayerParams,
+    act: LayerActivations,
+    shards: Shards,
+    fp8: bool,
+    moe_dispatch: f64,
+}
+
+impl LayerActivations {
+    fn of(
+        s: &Scenario,
+        l: &Layout,
+        opts: &MemoryOptions,
+        tokens: f64,
+        tp: f64,
+        tp_sp: f64,
+    ) -> LayerActivations {
+        let card = &s.model;
+        let keys = s.training.seq_length as f64;
+        let precision = s.training.precision;
+        let keep = Keep::of(l);
+        let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
+        let layer = |kind, keep| bytes(layer_terms(card, kind, keep, l.etp, precision, opts));
+        let zero_bubble = l.schedule == Schedule::ZeroBubble;
+        let has_moe = card.moe.is_some();
+        let dense = layer(LayerKind::Dense, keep);
+        let moe = if has_moe {
+            layer(LayerKind::Moe, keep)
+        } else {
+            0.0
+        };
+        LayerActivations {
+            dense,
+            moe,
+            all_dense: if keep == Keep::All {
+                dense
+            } else {
+                layer(LayerKind::Dense, Keep::All)
+            },
+            all_moe: if keep == Keep::All || !has_moe {
+                moe
+            } else {
+                layer(LayerKind::Moe, Keep::All)
+            },
+            input: layer(LayerKind::Dense, Keep::Input),
+            wgrad_dense: if zero_bubble {
+                bytes(wgrad_terms(card, LayerKind::Dense, l.etp))
+            } else {
+                0.0
+            },
+            wgrad_moe: if has_moe && zero_bubble {
+                bytes(wgrad_terms(card, LayerKind::Moe, l.etp))
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(s: &'a Scenario, l: &'a Layout, opts: &MemoryOptions) -> Ctx<'a> {
+        let card = &s.model;
+        let tp = l.tp.max(1) as f64;
+        let tp_sp = if l.sp() { tp } else { 1.0 };
+        let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
+        let gpus = s.cluster.gpus;
+        let dp_cp = (gpus / (l.tp.max(1) * l.pp.max(1))).max(1) as f64;
+        let edp = l.expert_dp(gpus).unwrap_or(1).max(1) as f64;
+        let sharded_opt = l.distributed_optimizer || l.fsdp;
+        let pad = VOCAB_PAD_MULTIPLE * l.tp.max(1) as u64;
+        let vocab_padded = card.vocab_size.div_ceil(pad) * pad;
+        let dense = card.layer_params(LayerKind::Dense);
+        let moe = card.layer_params(LayerKind::Moe);
+        let moe_dispatch = match &card.moe {
+            Some(m) => {
+                let copies = m.top_k as f64
+                    * m.capacity_factor
+                        .unwrap_or(activations::MOE_DROPLESS_LOAD_FACTOR);
+                copies * tokens / tp_sp * ACT_BYTES * card.hidden_size as f64
+            }
+            None => 0.0,
+        };
+        Ctx {
+            s,
+            l,
+            tp,
+            tp_sp,
+            tokens,
+            m: l.num_microbatches(s).min(u32::MAX as u64) as u32,
+            chunks: l.chunks(),
+            dense_layers: card.dense_layer_count(),
+            h: card.hidden_size as f64,
+            vocab_padded: vocab_padded as f64,
+            params: LayerParams {
+                dense: dense.non_expert_per_gpu(l.tp),
+                moe_dense: moe.non_expert_per_gpu(l.tp),
+                moe_expert: moe.experts_per_gpu(l.ep, l.etp),
+                dense_linear: dense.non_expert_linear_per_gpu(l.tp),
+                moe_dense_linear: moe.non_expert_linear_per_gpu(l.tp),
+                moe_expert_linear: moe.expert_linear_per_gpu(l.ep, l.etp),
+            },
+            act: LayerActivations::of(s, l, opts, tokens, tp, tp_sp),
+            shards: Shards {
+                dense_weight: if l.fsdp { dp_cp } else { 1.0 },
+                expert_weight: if l.fsdp { edp } else { 1.0 },
+                dense_opt: if sharded_opt { dp_cp } else { 1.0 },
+                expert_opt: if sharded_opt { edp } else { 1.0 },
+            },
+            fp8: s.training.precision == Precision::Fp8,
+            moe_dispatch,
+        }
+    }
+}
+
+/// What a stage's chunks hold, tallied over them, and the activations they keep.
+#[derive(Default)]
+struct StageTally {
+    layers: u32,
+    dense_count: u32,
+    moe_count: u32,
+    mtp: u32,
+    embedding: bool,
+    loss: bool,
+    needs_embedding_table: bool,
+    needs_output_table: bool,
+    /// Activations of the in-flight micro-batches, summed over the chunks.
+    activations: f64,
+    /// The logits kept for the loss (last stage).
+    logits: f64,
+    /// The largest rematerialisation of one recomputed layer during its backward.
+    recompute_transient: f64,
+    /// Deferred weight-gradient inputs of one micro-batch (zero-bubble).
+    wgrad_per_mb: f64,
+}
+
+/// Parameters one GPU of a stage holds (before FSDP sharding), non-expert and expert, and of
+/// those the ones in GEMM weights.
+struct StageParams {
+    dense: f64,
+    expert: f64,
+    dense_linear: f64,
+    expert_linear: f64,
+}
+
+/// Bytes of the model state of one GPU of a stage.
+struct ModelState {
+    weights: f64,
+    gradients: f64,
+    optimizer: f64,
+}
+
+impl Ctx<'_> {
+    /// Memory of pipeline rank `rank`. Allocation-free; the single source of truth for both
+    /// [`super::estimate`] and [`super::peak_bytes`].
+    pub(super) fn stage(&self, rank: u32) -> StageMemory {
+        let l = self.l;
+        let inflight = inflight_microbatches(l, rank, self.m);
+        let split = ChunkSplit::new(l, inflight, self.chunks);
+        let mut t = StageTally::default();
+        for c in 0..self.chunks {
+            self.tally_chunk(&mut t, rank, c, split.share(c) as f64);
+        }
+        let mut activations = t.activations;
+        activations += t.logits + t.recompute_transient;
+        let deferred = activations::deferred_wgrad(l, rank, self.m, inflight);
+        if deferred > 0 {
+            activations += deferred as f64 * t.wgrad_per_mb;
+        }
+        let params = self.stage_params(&t);
+        let state = self.model_state(&params);
+        let buffers = self.buffers(&t);
+        let tensors = state.weights + state.gradients + state.optimizer + activations + buffers;
+        let fragmentation = self.s.hardware.overheads.allocator_fragmentation * tensors;
+        let other = buffers + fragmentation;
+        StageMemory {
+            stage: rank,
+            layers: t.layers,
+            weights_bytes: state.weights,
+            gradients_bytes: state.gradients,
+            optimizer_bytes: state.optimizer,
+            activations_bytes: activations,
+            other_bytes: other,
+            total_bytes: tensors + fragmentation,
+            inflight_microbatches: inflight,
+            parameters: params.dense + params.expert,
+            mtp_layers: t.mtp,
+            embedding: t.embedding,
+            loss: t.loss,
+            logits_bytes: t.logits,
+            buffers_bytes: buffers,
+            fragmentation_bytes: fragmentation,
+        }
+    }
+
+    /// Add chunk `c` of `rank`, which keeps `count` micro-batches in flight, to the tally.
+    fn tally_chunk(&self, t: &mut StageTally, rank: u32, c: u32, count: f64) {
+        let card = &self.s.model;
+        let l = self.l;
+        let h = self.h;
+        let act = &self.act;
+        let vs = l.virtual_stage(card.layers, card.mtp_layers, rank, c);
+        // Dense layers are the model's first `dense_layers` layers.
+        let nd = self
+            .dense_layers
+            .min(vs.first_layer + vs.layers)
+            .saturating_sub(vs.first_layer);
+        let nm = vs.layers - nd;
+        t.layers += vs.layers;
+        t.dense_count += nd;
+        t.moe_count += nm;
+        t.mtp += vs.mtp;
+        t.embedding |= vs.embedding;
+        t.loss |= vs.loss;
+        t.needs_embedding_table |= vs.embedding || vs.mtp > 0;
+        t.needs_output_table |= vs.loss || vs.mtp > 0;
+        // Full recompute of the chunk's first `recomputed` layers (dense ones first).
+        let recomputed = match l.recompute {
+            Recompute::Full if l.recompute_layers == 0 => vs.layers,
+            Recompute::Full => l.recompute_layers.min(vs.layers),
+            _ => 0,
+        };
+        let rd = recomputed.min(nd);
+        let rm = recomputed - rd;
+        let mut per_mb = (nd - rd) as f64 * act.dense
+            + (nm - rm) as f64 * act.moe
+            + recomputed as f64 * act.input;
+        // The backward pass of a recomputed layer (or of its selective-recompute modules)
+        // rematerialises what it did not keep, one layer of one micro-batch at a time:
+        // transient = act_all - act_kept of the largest such layer.
+        if rd > 0 {
+            t.recompute_transient = t.recompute_transient.max(act.all_dense - act.input);
+        }
+        if rm > 0 {
+            t.recompute_transient = t.recompute_transient.max(act.all_moe - act.input);
+        }
+        if l.recompute == Recompute::Selective {
+            if nd > 0 {
+                t.recompute_transient = t.recompute_transient.max(act.all_dense - act.dense);
+            }
+            if nm > 0 {
+                t.recompute_transient = t.recompute_transient.max(act.all_moe - act.moe);
+            }
+        }
+        if vs.mtp > 0 {
+            // Each MTP module: a layer of the last layer's kind, plus the inputs of its two
+            // norms (2h each), of eh_proj (4h), of its final norm and the output layer (2h
+            // each), all sequence-split.
+            let layer = match card.layer_kind(card.layers.saturating_sub(1)) {
+                LayerKind::Moe => act.moe,
+                LayerKind::Dense => act.dense,
+            };
+            let extra = self.tokens / self.tp_sp * ACT_BYTES * 6.0 * h;
+            per_mb += vs.mtp as f64 * (layer + extra);
+        }
+        if vs.loss {
+            // Final norm input and output-layer input (2h each, sequence-split) and the
+            // per-token fp32 loss.
+            per_mb += self.tokens / self.tp_sp * ACT_BYTES * 2.0 * h + self.tokens * FP32_BYTES;
+            // Logits: fp32 softmax kept per in-flight micro-batch for the main head and
+            // each MTP head, plus one micro-batch's bf16 logits during the cast.
+            let per_logit_set = self.tokens * self.vocab_padded / self.tp;
+            t.logits = per_logit_set * (FP32_BYTES * (1 + vs.mtp) as f64 * count + ACT_BYTES);
+        }
+        t.activations += count * per_mb;
+        t.wgrad_per_mb += nd as f64 * act.wgrad_dense + nm as f64 * act.wgrad_moe;
+    }
+
+    /// Parameters on one GPU of the stage: non-expert ("dense", sharded over DP x CP) and
+    /// expert.
+    fn stage_params(&self, t: &StageTally) -> StageParams {
+        let card = &self.s.model;
+        let h = self.h;
+        let p = &self.params;
+        let vocab_table = self.vocab_padded * h / self.tp;
+        let positions = (card.position_embeddings as f64) * h;
+        let tables = t.needs_embedding_table as u32 + t.needs_output_table as u32;
+        let shared_tied = card.tied_embeddings
+            && t.needs_embedding_table
+            && t.needs_output_table
+            && self.l.pp <= 1;
+        let table_count = tables - shared_tied as u32;
+        let mut dense = t.dense_count as f64 * p.dense
+            + t.moe_count as f64 * p.moe_dense
+            + table_count as f64 * vocab_table;
+        if t.needs_embedding_table {
+            dense += positions;
+        }
+        if t.loss {
+            dense += card.final_norm_params() as f64;
+        }
+        let mut expert = t.moe_count as f64 * p.moe_expert;
+        let mut dense_linear =
+            t.dense_count as f64 * p.dense_linear + t.moe_count as f64 * p.moe_dense_linear;
+        let mut expert_linear = t.moe_count as f64 * p.moe_expert_linear;
+        let mtp = t.mtp;
+        if mtp > 0 {
+            // MTP module: the layer, eh_proj (2h x h, column-parallel) and three norms.
+            let moe_last = card.layer_kind(card.layers.saturating_sub(1)) == LayerKind::Moe;
+            let (layer_dense, layer_expert, layer_linear, layer_expert_linear) = if moe_last {
+                (
+                    p.moe_dense,
+                    p.moe_expert,
+                    p.moe_dense_linear,
+                    p.moe_expert_linear,
+                )
+            } else {
+                (p.dense, 0.0, p.dense_linear, 0.0)
+            };
+            let eh_proj = 2.0 * h * h / self.tp;
+            let norms = 3.0 * card.final_norm_params() as f64;
+            dense += mtp as f64 * (layer_dense + eh_proj + norms);
+            expert += mtp as f64 * layer_expert;
+            dense_linear += mtp as f64 * (layer_linear + eh_proj);
+            expert_linear += mtp as f64 * layer_expert_linear;
+        }
+        StageParams {
+            dense,
+            expert,
+            dense_linear,
+            expert_linear,
+        }
+    }
+
+    /// Weights (and FP8 copies), gradients and optimizer states of the stage's parameters
+    /// under the layout's sharding and gradient precision.
+    fn model_state(&self, p: &StageParams) -> ModelState {
+        let sh = &self.shards;
+        let weights_shard = p.dense / sh.dense_weight + p.expert / sh.expert_weight;
+        let mut weights = WEIGHT_BYTES * weights_shard;
+        if self.fp8 {
+            weights += FP8_WEIGHT_COPY_BYTES
+                * (p.dense_linear / sh.dense_weight + p.expert_linear / sh.expert_weight);
+        }
+        let (grad_bytes, optimizer_bytes) = grad_and_optimizer_bytes(self.l);
+        ModelState {
+            weights,
+            gradients: grad_bytes * weights_shard,
+            optimizer: optimizer_bytes * (p.dense / sh.dense_opt + p.expert / sh.expert_opt),
+        }
+    }
+
+    /// Communication buffers (SP gather or TP-overlap userbuffers, pipeline send/receive, MoE
+    /// dispatch) and FSDP's unsharded layers.
+    fn buffers(&self, t: &StageTally) -> f64 {
+        let l = self.l;
+        let card = &self.s.model;
+        let p = &self.params;
+        let hidden_bytes = self.tokens * ACT_BYTES * self.h;
+        let mut buffers = 0.0;
+        if l.tp > 1 {
+            if l.tp_comm_overlap {
+                buffers += TP_OVERLAP_BUFFERS * hidden_bytes;
+            } else if l.sp() {
+                buffers += SP_GATHER_BUFFERS * hidden_bytes;
+            }
+        }
+        if l.pp > 1 {
+            buffers += PP_P2P_BUFFERS * hidden_bytes / self.tp_sp;
+        }
+        if t.moe_count > 0 || (t.mtp > 0 && card.moe.is_some()) {
+            buffers += self.moe_dispatch;
+        }
+        if l.fsdp {
+            let (grad_bytes, _) = grad_and_optimizer_bytes(l);
+            let largest = if t.moe_count > 0 {
+                p.moe_dense + p.moe_expert
+            } else {
+                p.dense
+            };
+            buffers += FSDP_UNSHARDED_LAYERS * largest * (WEIGHT_BYTES + grad_bytes);
+        }
+        buffers
+    }
+}
