@@ -28,26 +28,26 @@
 //! scale the in-domain part of each collective of that kind (TP, EP, CP, in-node PP and the
 //! in-node stage of hierarchical DP collectives). Out-of-node traffic, the pipeline schedule,
 //! DP overlap, the optimizer and per-step overheads stay analytic at the target scale.
+//!
+//! `compare.rs` compares a report's measurements with the analytic model (the ratios and the
+//! link factors); `coverage.rs` says which terms of a projection are measured.
 
 use std::collections::HashMap;
 
-use crate::bench::measure::{
-    AttentionDims, attention_dims, gemm_pass_dims, kind_class, measured_card, measured_experts,
-    measured_op_lists, pass_bytes, pass_name, pass_of, pass_shape,
-};
-use crate::bench::model_key;
-use crate::bench::simulate::analytic_collective;
-use crate::collectives::{Collective, LinkCalibration, LinkPoint, Topology};
-use crate::compute::{AnalyticTimer, Dims, LayerShape, Op, OpClass, OpTimer, Pass, TimerContext};
+use crate::bench::measure::pass_name;
+use crate::collectives::{Collective, LinkCalibration, Topology};
+use crate::compute::{AnalyticTimer, LayerShape, Op, OpClass, OpTimer, Pass, TimerContext};
 use crate::layout::Layout;
 use crate::precision::Precision;
 use crate::report::{Backend, BenchmarkResults};
 use crate::scenario::Scenario;
 
+mod compare;
 mod coverage;
 #[cfg(test)]
 mod tests;
 
+use compare::{collective_factors, curve_x, op_ratios};
 pub use coverage::{Coverage, OpCoverage, Source, TermSource, coverage};
 
 /// Bounds of a collective's bandwidth factor (a measurement faster than the analytic latency
@@ -280,68 +280,6 @@ pub struct Calibration {
     class_curves: [Curve; 4],
 }
 
-/// The x coordinate of an op pass on the ratio curves: ln of the FLOPs of one GEMM instance
-/// (of the pass FLOPs for attention, of the pass bytes for memory-bound ops).
-fn curve_x(op: &Op, pass: Pass) -> f64 {
-    let v = match op.class {
-        OpClass::Gemm | OpClass::GroupedGemm => {
-            let (m, n, k) = gemm_pass_dims(op, pass);
-            2.0 * m * n * k
-        }
-        OpClass::Attention => op.pass_flops(pass),
-        OpClass::Memory => pass_bytes(op, pass, false),
-    };
-    v.max(1.0).ln()
-}
-
-/// Rebuild an op from a report's fields (shape, FLOPs, bytes) when the card's op list does not
-/// have it.
-fn op_from_fields(
-    class: OpClass,
-    pass: Pass,
-    shape: &[u64],
-    flops: f64,
-    bytes: f64,
-    fp8: bool,
-) -> Op {
-    let dim = |i: usize| shape.get(i).copied().unwrap_or(0) as f64;
-    match class {
-        OpClass::Gemm | OpClass::GroupedGemm => {
-            let (a, b, c) = (dim(0).max(1.0), dim(1).max(1.0), dim(2).max(1.0));
-            // Invert gemm_pass_dims.
-            let (m, n, k) = match pass {
-                Pass::Forward => (a, b, c),
-                Pass::Dgrad => (a, c, b),
-                Pass::Wgrad => (c, b, a),
-            };
-            let groups = (flops / (2.0 * a * b * c)).round().max(1.0);
-            let mut op = Op::gemm("measured", m, n, k, groups, fp8);
-            op.kernels = groups;
-            op
-        }
-        OpClass::Attention => {
-            let per = if pass == Pass::Forward {
-                1.0
-            } else {
-                crate::compute::ATTENTION_BWD_FLOPS
-            };
-            let mut op = Op::memory("measured", bytes / backward_bytes(pass), 1.0);
-            op.class = OpClass::Attention;
-            op.flops = flops / per;
-            op
-        }
-        OpClass::Memory => Op::memory("measured", bytes / backward_bytes(pass), 1.0),
-    }
-}
-
-fn backward_bytes(pass: Pass) -> f64 {
-    if pass == Pass::Forward {
-        1.0
-    } else {
-        crate::compute::MEMORY_BWD_BYTES
-    }
-}
-
 impl Calibration {
     /// Prepare `report` for scenario `s` (its hardware profile is the analytic reference).
     pub fn new(s: &Scenario, report: &BenchmarkResults) -> Result<Calibration, CalibrationError> {
@@ -354,128 +292,9 @@ impl Calibration {
                 plan_product: hw.product.clone(),
             });
         }
-        // The ops the benchmark ran, rebuilt from the card at the measured layout.
-        let mut known: HashMap<String, (Op, Option<AttentionDims>)> = HashMap::new();
-        if model_key(&s.model) == report.model {
-            let experts =
-                measured_experts(&s.model, &report.target_layout, &report.measured_layout);
-            let card = measured_card(&s.model, experts);
-            let dims = Dims::of(s, &report.measured_layout);
-            let att = attention_dims(&card, &dims, false);
-            for (prefix, _, ops) in measured_op_lists(&card, &dims) {
-                for op in ops.iter() {
-                    let a = (op.class == OpClass::Attention).then_some(att);
-                    known.insert(format!("{prefix}.{}", op.name), (*op, a));
-                }
-            }
-        }
-        let mut ops = Vec::new();
-        let mut exact = HashMap::new();
-        let mut raw: [[Vec<(f64, f64)>; 3]; 4] = Default::default();
-        for m in &report.ops {
-            let Some(class) = kind_class(&m.kind) else {
-                continue;
-            };
-            let Some((stem, pass)) = m
-                .name
-                .rsplit_once('.')
-                .and_then(|(stem, p)| Some((stem, pass_of(p)?)))
-            else {
-                continue;
-            };
-            if !(m.median_seconds.is_finite() && m.median_seconds > 0.0) {
-                continue;
-            }
-            let ctx = TimerContext {
-                hardware: hw,
-                precision: m.precision,
-            };
-            let fp8 = m.precision == Precision::Fp8;
-            let (op, matched) = match known.get(stem) {
-                Some((op, att)) if pass_shape(op, pass, att.as_ref()) == m.shape => (*op, true),
-                _ => (
-                    op_from_fields(class, pass, &m.shape, m.flops, m.bytes, fp8),
-                    false,
-                ),
-            };
-            let analytic = AnalyticTimer.op_seconds(&ctx, &op, pass);
-            if !(analytic.is_finite() && analytic > 0.0) {
-                continue;
-            }
-            let ratio = m.median_seconds / analytic;
-            if matched {
-                // The same op measured twice (the attention block of a dense and of a MoE
-                // layer): the geometric mean.
-                let e = exact.entry(ExactKey::of(&op, pass)).or_insert((0.0, 0u32));
-                e.0 += ratio.ln();
-                e.1 += 1;
-            }
-            raw[class_index(class)][pass_index(pass)].push((curve_x(&op, pass), ratio.ln()));
-            ops.push(OpComparison {
-                name: m.name.clone(),
-                kind: m.kind.clone(),
-                pass,
-                shape: m.shape.clone(),
-                precision: m.precision,
-                flops: m.flops,
-                bytes: m.bytes,
-                measured_seconds: m.median_seconds,
-                analytic_seconds: analytic,
-                matched,
-            });
-        }
-        let exact = exact
-            .into_iter()
-            .map(|(k, (sum, n))| (k, (sum / n as f64).exp()))
-            .collect();
-        let curves = raw.clone().map(|per_pass| per_pass.map(Curve::finish));
-        let class_curves = raw.map(|per_pass| Curve::finish(per_pass.concat()));
-
-        let topo = Topology::of(hw, s.cluster.gpus_per_node);
-        let mut links = LinkCalibration::default();
-        let mut collectives = Vec::new();
-        for c in &report.collectives {
-            let Some(kind) = Collective::from_name(&c.op) else {
-                continue;
-            };
-            let n = c.group_size;
-            if n < 2 || !(c.bytes > 0.0 && c.median_seconds.is_finite() && c.median_seconds > 0.0) {
-                continue;
-            }
-            let t = analytic_collective(&topo, kind, n, c.bytes);
-            let latency = (2.0 * t - analytic_collective(&topo, kind, n, 2.0 * c.bytes)).max(0.0);
-            let factor = if c.median_seconds > latency {
-                ((t - latency) / (c.median_seconds - latency))
-                    .clamp(1.0 / LINK_FACTOR_LIMIT, LINK_FACTOR_LIMIT)
-            } else {
-                LINK_FACTOR_LIMIT
-            };
-            let members = if kind == Collective::P2p { 2 } else { n };
-            links.add(
-                kind,
-                LinkPoint {
-                    members,
-                    bytes: c.bytes,
-                    factor,
-                },
-            );
-            collectives.push(CollectiveComparison {
-                op: kind,
-                group_size: n,
-                bytes: c.bytes,
-                measured_seconds: c.median_seconds,
-                analytic_seconds: t,
-                measured_bus_gbps: crate::bench::measure::bus_bandwidth_gbps(
-                    kind,
-                    n,
-                    c.bytes,
-                    c.median_seconds,
-                ),
-                analytic_bus_gbps: crate::bench::measure::bus_bandwidth_gbps(kind, n, c.bytes, t),
-                factor,
-            });
-        }
-        if ops.is_empty() && collectives.is_empty() {
+        let ops = op_ratios(s, report);
+        let links = collective_factors(s, report);
+        if ops.ops.is_empty() && links.collectives.is_empty() {
             return Err(CalibrationError::Empty);
         }
         Ok(Calibration {
@@ -489,12 +308,12 @@ impl Calibration {
             target_layout: report.target_layout.clone(),
             measured_layout: report.measured_layout.clone(),
             reduced_axes: report.reduced_axes.clone(),
-            ops,
-            collectives,
-            links,
-            exact,
-            curves,
-            class_curves,
+            ops: ops.ops,
+            collectives: links.collectives,
+            links: links.links,
+            exact: ops.exact,
+            curves: ops.curves,
+            class_curves: ops.class_curves,
         })
     }
 

@@ -421,147 +421,28 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
     if row.get("id").is_empty() {
         return bad("column id: empty".into());
     }
-    // The scenario.
-    let model = row.get("model");
-    let Some(card) = catalog.model(model) else {
-        return empty_result(
-            row,
-            RowStatus::UnknownPreset(format!(
-                "unknown model preset {model:?}; known: {}",
-                catalog.model_names().join(", ")
-            )),
-        );
+    let scenario = match row_scenario(row, catalog) {
+        Ok(s) => s,
+        Err(status) => return empty_result(row, status),
     };
-    let gpu = row.get("gpu");
-    let Some(hw) = catalog.hardware(gpu) else {
-        return empty_result(
-            row,
-            RowStatus::UnknownPreset(format!(
-                "unknown hardware profile {gpu:?}; known: {}",
-                catalog.hardware_names().join(", ")
-            )),
-        );
-    };
-    let gpus: u32 = match row.num("gpus") {
-        Ok(v) if v > 0 => v,
-        Ok(_) => return bad("column gpus: must be greater than 0".into()),
-        Err(e) => return bad(e),
-    };
-    let gpus_per_node: u32 = match row.get("gpusPerNode") {
-        "" => hw.gpus_per_node,
-        _ => match row.num("gpusPerNode") {
-            Ok(v) if v > 0 => v,
-            Ok(_) => return bad("column gpusPerNode: must be greater than 0".into()),
-            Err(e) => return bad(e),
-        },
-    };
-    let precision = match row.get("precision").to_ascii_lowercase().as_str() {
-        "bf16" => Precision::Bf16,
-        "fp8" => Precision::Fp8,
-        other => return bad(format!("column precision: {other:?} is not bf16 or fp8")),
-    };
-    let seq_length: u64 = match row.num("seqLength") {
-        Ok(v) if v > 0 => v,
-        Ok(_) => return bad("column seqLength: must be greater than 0".into()),
-        Err(e) => return bad(e),
-    };
-    let global_batch_size: u64 = match row.num("globalBatchSize") {
-        Ok(v) if v > 0 => v,
-        Ok(_) => return bad("column globalBatchSize: must be greater than 0".into()),
-        Err(e) => return bad(e),
-    };
-    let scenario = Scenario {
-        model: card.clone(),
-        hardware: hw.clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node,
-        },
-        training: Training {
-            seq_length,
-            global_batch_size,
-            precision,
-        },
-    };
-
-    // The layout, through the same deserializer as spec.parallelism.
-    let mut obj = serde_json::Map::new();
-    for col in header {
-        if LAYOUT_COLUMNS.contains(&col.as_str()) {
-            let v = row.get(col);
-            if col == "recompute" {
-                let (granularity, modules) = recompute_cell(v);
-                if let Some(m) = modules {
-                    obj.insert("recomputeModules".into(), m);
-                }
-                if !granularity.is_empty() {
-                    obj.insert(col.clone(), layout_value(col, granularity));
-                }
-            } else if !v.is_empty() {
-                obj.insert(col.clone(), layout_value(col, v));
-            }
-        }
-    }
-    obj.entry("gradReduceInFp32")
-        .or_insert(serde_json::Value::Bool(ROW_GRAD_REDUCE_IN_FP32));
-    let mut layout: Layout = match from_value_at(serde_json::Value::Object(obj), "column") {
+    let layout = match row_layout(row, header) {
         Ok(l) => l,
-        Err(e) => return bad(e.to_string()),
+        Err(e) => return bad(e),
     };
-
-    // What was measured.
-    let notes_cell = row.get("notes");
-    let (metric, measured) = match row.get("measuredTokensPerSecondPerGpu") {
-        "" => match seconds_per_iteration(notes_cell) {
-            Some(s) => (Metric::SecondsPerIteration, s),
-            None => {
-                return bad(
-                    "no measurement: measuredTokensPerSecondPerGpu is empty and notes give no \"<x> s per iteration\"".into(),
-                );
-            }
-        },
-        _ => match row.num::<f64>("measuredTokensPerSecondPerGpu") {
-            Ok(v) if v > 0.0 => (Metric::TokensPerSecondPerGpu, v),
-            Ok(_) => return bad("column measuredTokensPerSecondPerGpu: must be positive".into()),
-            Err(e) => return bad(e),
-        },
+    let (metric, measured) = match row_measurement(row) {
+        Ok(m) => m,
+        Err(e) => return bad(e),
     };
-
-    let mut notes = Vec::new();
-    let explicit_split = ["pipelineLayout", "firstStageLayers", "lastStageLayers"]
-        .iter()
-        .any(|c| !row.get(c).is_empty());
-    let mut checked = layout.check(&scenario);
-    if let Err(e) = &checked
-        && e.rule == "pp-divides-layers"
-        && !explicit_split
-        && let Some(text) =
-            embedding_and_loss_split(card.layers, card.mtp_layers, layout.pp, layout.vpp)
-        && let Ok(pl) = crate::layout::PipelineLayout::parse(&text)
-    {
-        // The published recipes split such models with Megatron's
-        // --account-for-embedding/loss-in-pipeline-split; the CSV has no column for it.
-        let mut l2 = layout.clone();
-        l2.pipeline_layout = Some(pl);
-        if l2.check(&scenario).is_ok() {
-            notes.push(format!(
-                "{} layers do not split evenly over pp*vpp = {}: embedding and loss counted as one layer each in the pipeline split",
-                card.layers + card.mtp_layers,
-                layout.pp * layout.vpp
-            ));
-            layout = l2;
-            checked = Ok(());
-        }
-    }
+    let checked = check_with_balanced_split(row, &scenario, layout);
     let mut result = empty_result(row, RowStatus::Ok);
-    result.layout = layout.label();
+    result.layout = checked.layout.label();
     result.metric = metric;
     result.measured = Some(measured);
-    if let Err(e) = checked {
+    if let Err(e) = checked.verdict {
         result.status = RowStatus::IllegalLayout(e.to_string());
         return result;
     }
-    let p: Projection = match projection::project(&scenario, &layout) {
+    let p: Projection = match projection::project(&scenario, &checked.layout) {
         Ok(p) => p,
         Err(e) => {
             result.status = RowStatus::IllegalLayout(e.to_string());
@@ -581,8 +462,157 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
     result.fits = Some(p.memory.fits);
     result.breakdown = Some(p.breakdown);
     result.bubble_fraction = Some(p.bubble_fraction);
-    result.notes = notes;
+    result.notes = checked.notes;
     result
+}
+
+/// A numeric column that must be greater than 0.
+fn positive<T>(row: &Row, col: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + Default,
+    T::Err: std::fmt::Display,
+{
+    match row.num::<T>(col) {
+        Ok(v) if v > T::default() => Ok(v),
+        Ok(_) => Err(format!("column {col}: must be greater than 0")),
+        Err(e) => Err(e),
+    }
+}
+
+/// The row's scenario: model and GPU from the catalog, cluster and training columns.
+fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, RowStatus> {
+    let model = row.get("model");
+    let Some(card) = catalog.model(model) else {
+        return Err(RowStatus::UnknownPreset(format!(
+            "unknown model preset {model:?}; known: {}",
+            catalog.model_names().join(", ")
+        )));
+    };
+    let gpu = row.get("gpu");
+    let Some(hw) = catalog.hardware(gpu) else {
+        return Err(RowStatus::UnknownPreset(format!(
+            "unknown hardware profile {gpu:?}; known: {}",
+            catalog.hardware_names().join(", ")
+        )));
+    };
+    let bad = RowStatus::BadRow;
+    let gpus: u32 = positive(row, "gpus").map_err(bad)?;
+    let gpus_per_node: u32 = match row.get("gpusPerNode") {
+        "" => hw.gpus_per_node,
+        _ => positive(row, "gpusPerNode").map_err(bad)?,
+    };
+    let precision = match row.get("precision").to_ascii_lowercase().as_str() {
+        "bf16" => Precision::Bf16,
+        "fp8" => Precision::Fp8,
+        other => {
+            return Err(bad(format!(
+                "column precision: {other:?} is not bf16 or fp8"
+            )));
+        }
+    };
+    let seq_length: u64 = positive(row, "seqLength").map_err(bad)?;
+    let global_batch_size: u64 = positive(row, "globalBatchSize").map_err(bad)?;
+    Ok(Scenario {
+        model: card.clone(),
+        hardware: hw.clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node,
+        },
+        training: Training {
+            seq_length,
+            global_batch_size,
+            precision,
+        },
+    })
+}
+
+/// The row's layout, through the same deserializer as `spec.parallelism`.
+fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String> {
+    let mut obj = serde_json::Map::new();
+    for col in header {
+        if LAYOUT_COLUMNS.contains(&col.as_str()) {
+            let v = row.get(col);
+            if col == "recompute" {
+                let (granularity, modules) = recompute_cell(v);
+                if let Some(m) = modules {
+                    obj.insert("recomputeModules".into(), m);
+                }
+                if !granularity.is_empty() {
+                    obj.insert(col.clone(), layout_value(col, granularity));
+                }
+            } else if !v.is_empty() {
+                obj.insert(col.clone(), layout_value(col, v));
+            }
+        }
+    }
+    obj.entry("gradReduceInFp32")
+        .or_insert(serde_json::Value::Bool(ROW_GRAD_REDUCE_IN_FP32));
+    from_value_at(serde_json::Value::Object(obj), "column").map_err(|e| e.to_string())
+}
+
+/// What was measured: tokens/s/GPU, else seconds per iteration from the notes.
+fn row_measurement(row: &Row) -> Result<(Metric, f64), String> {
+    match row.get("measuredTokensPerSecondPerGpu") {
+        "" => match seconds_per_iteration(row.get("notes")) {
+            Some(s) => Ok((Metric::SecondsPerIteration, s)),
+            None => Err(
+                "no measurement: measuredTokensPerSecondPerGpu is empty and notes give no \"<x> s per iteration\"".into(),
+            ),
+        },
+        _ => match row.num::<f64>("measuredTokensPerSecondPerGpu") {
+            Ok(v) if v > 0.0 => Ok((Metric::TokensPerSecondPerGpu, v)),
+            Ok(_) => Err("column measuredTokensPerSecondPerGpu: must be positive".into()),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// A row's layout after the legality check, with the notes on what was adjusted.
+struct CheckedLayout {
+    layout: Layout,
+    verdict: Result<(), crate::layout::LayoutError>,
+    notes: Vec<String>,
+}
+
+/// Check the layout; when its layers do not split evenly over the stages and the row gives
+/// no split of its own, retry with the embedding and the loss counted as one layer each.
+fn check_with_balanced_split(row: &Row, scenario: &Scenario, layout: Layout) -> CheckedLayout {
+    let card = &scenario.model;
+    let mut notes = Vec::new();
+    let explicit_split = ["pipelineLayout", "firstStageLayers", "lastStageLayers"]
+        .iter()
+        .any(|c| !row.get(c).is_empty());
+    let verdict = layout.check(scenario);
+    if let Err(e) = &verdict
+        && e.rule == "pp-divides-layers"
+        && !explicit_split
+        && let Some(text) =
+            embedding_and_loss_split(card.layers, card.mtp_layers, layout.pp, layout.vpp)
+        && let Ok(pl) = crate::layout::PipelineLayout::parse(&text)
+    {
+        // The published recipes split such models with Megatron's
+        // --account-for-embedding/loss-in-pipeline-split; the CSV has no column for it.
+        let mut l2 = layout.clone();
+        l2.pipeline_layout = Some(pl);
+        if l2.check(scenario).is_ok() {
+            notes.push(format!(
+                "{} layers do not split evenly over pp*vpp = {}: embedding and loss counted as one layer each in the pipeline split",
+                card.layers + card.mtp_layers,
+                layout.pp * layout.vpp
+            ));
+            return CheckedLayout {
+                layout: l2,
+                verdict: Ok(()),
+                notes,
+            };
+        }
+    }
+    CheckedLayout {
+        layout,
+        verdict,
+        notes,
+    }
 }
 
 /// Throughput of a row for ranking (higher is faster), measured or projected.

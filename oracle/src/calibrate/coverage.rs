@@ -194,7 +194,62 @@ fn link_source(
 /// Which terms of the projection of `l` on `s` the calibration measured.
 pub fn coverage(cal: &Calibration, s: &Scenario, l: &Layout) -> Coverage {
     let d = Dims::of(s, l);
-    // Op passes by kind.
+    let ops = op_coverage(cal, s, &d);
+    let comm = comm_coverage(cal, s, l, &d);
+    let analytic = |term: &'static str, detail: &str| TermSource {
+        term,
+        source: Source::Analytic,
+        detail: detail.into(),
+    };
+    let none = |term: &'static str| TermSource {
+        term,
+        source: Source::None,
+        detail: String::new(),
+    };
+    let bubble = if l.pp > 1 {
+        TermSource {
+            term: "bubble",
+            source: Source::FromMeasured,
+            detail: format!(
+                "pipeline schedule at PP {} simulated on the calibrated pass times",
+                l.pp
+            ),
+        }
+    } else {
+        none("bubble")
+    };
+    Coverage {
+        terms: vec![
+            ops.compute,
+            comm.tp,
+            comm.cp,
+            comm.ep,
+            comm.pp,
+            comm.dp,
+            bubble,
+            if s.model.moe.is_some() {
+                analytic(
+                    "host",
+                    "MoE dispatcher sync and host-bound expert section (analytic)",
+                )
+            } else {
+                none("host")
+            },
+            analytic("optimizer", "Adam over the local shard (analytic)"),
+            analytic("other", "per-step overheads (analytic)"),
+        ],
+        op_kinds: ops.op_kinds,
+    }
+}
+
+/// How the target's op passes are timed: per op kind, and the compute term over all.
+struct OpsCoverage {
+    op_kinds: Vec<OpCoverage>,
+    compute: TermSource,
+}
+
+/// Count the target's op passes by kind and by where their ratio comes from.
+fn op_coverage(cal: &Calibration, s: &Scenario, d: &Dims) -> OpsCoverage {
     let classes = [
         OpClass::Gemm,
         OpClass::GroupedGemm,
@@ -211,7 +266,7 @@ pub fn coverage(cal: &Calibration, s: &Scenario, l: &Layout) -> Coverage {
             analytic: 0,
         })
         .collect();
-    for ops in target_op_lists(s, &d) {
+    for ops in target_op_lists(s, d) {
         for op in ops.iter() {
             for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {
                 if !pass_runs(op, pass) {
@@ -250,7 +305,21 @@ pub fn coverage(cal: &Calibration, s: &Scenario, l: &Layout) -> Coverage {
             }
         ),
     };
+    OpsCoverage { op_kinds, compute }
+}
 
+/// The communication terms.
+struct CommCoverage {
+    tp: TermSource,
+    cp: TermSource,
+    ep: TermSource,
+    pp: TermSource,
+    dp: TermSource,
+}
+
+/// The TP, CP, EP, PP and DP communication terms: the collectives of each group at the
+/// layout's message sizes.
+fn comm_coverage(cal: &Calibration, s: &Scenario, l: &Layout, d: &Dims) -> CommCoverage {
     let topo = Topology::of_scenario(s);
     let dp = l.dp(s.cluster.gpus).unwrap_or(1).max(1);
     let place = Placement::of(&topo, s.cluster.gpus, l, dp);
@@ -286,52 +355,11 @@ pub fn coverage(cal: &Calibration, s: &Scenario, l: &Layout) -> Coverage {
         &[Collective::AllReduce]
     };
     let bucket = crate::projection::BUCKET_PARAMS * crate::projection::grad_bytes(l);
-    let dp_term = link_source(cal, dp_kinds, &place.dp_cp, bucket, "dp");
-    let analytic = |term: &'static str, detail: &str| TermSource {
-        term,
-        source: Source::Analytic,
-        detail: detail.into(),
-    };
-    let bubble = if l.pp > 1 {
-        TermSource {
-            term: "bubble",
-            source: Source::FromMeasured,
-            detail: format!(
-                "pipeline schedule at PP {} simulated on the calibrated pass times",
-                l.pp
-            ),
-        }
-    } else {
-        TermSource {
-            term: "bubble",
-            source: Source::None,
-            detail: String::new(),
-        }
-    };
-    Coverage {
-        terms: vec![
-            compute,
-            tp,
-            cp,
-            ep,
-            pp,
-            dp_term,
-            bubble,
-            if s.model.moe.is_some() {
-                analytic(
-                    "host",
-                    "MoE dispatcher sync and host-bound expert section (analytic)",
-                )
-            } else {
-                TermSource {
-                    term: "host",
-                    source: Source::None,
-                    detail: String::new(),
-                }
-            },
-            analytic("optimizer", "Adam over the local shard (analytic)"),
-            analytic("other", "per-step overheads (analytic)"),
-        ],
-        op_kinds,
+    CommCoverage {
+        tp,
+        cp,
+        ep,
+        pp,
+        dp: link_source(cal, dp_kinds, &place.dp_cp, bucket, "dp"),
     }
 }

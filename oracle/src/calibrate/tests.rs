@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::bench::simulate::{Provenance, simulate};
+use crate::collectives::LinkPoint;
 use crate::plan::{Plan, parse_plan};
 use crate::profiles::Catalog;
 use crate::projection::{Projection, project, project_with};
