@@ -300,19 +300,35 @@ impl PlanSpec {
     /// Resolve presets and defaults against a catalog and check every field. The layout's
     /// legality against the scenario is checked separately ([`Layout::check`]).
     pub fn resolve(&self, name: &str, catalog: &Catalog) -> Result<Plan, FieldError> {
-        let model = match (&self.model.preset, &self.model.card) {
-            (Some(_), Some(_)) => {
-                return Err(FieldError::new(
-                    "spec.model",
-                    "give either `preset` or `card`, not both",
-                ));
-            }
-            (None, None) => {
-                return Err(FieldError::new(
-                    "spec.model",
-                    "missing: give `preset` (see `primus profiles`) or an inline `card`",
-                ));
-            }
+        let model = self.resolve_model(catalog)?;
+        let hardware = self.resolve_hardware(catalog)?;
+        let cluster = self.resolve_cluster(&hardware)?;
+        self.check_training()?;
+        let tuning = self.resolve_tuning()?;
+        Ok(Plan {
+            name: name.to_string(),
+            scenario: Scenario {
+                model,
+                hardware,
+                cluster,
+                training: self.training,
+            },
+            layout: self.parallelism.clone(),
+            tuning,
+        })
+    }
+
+    /// `spec.model`: a preset from the catalog or a checked inline card.
+    fn resolve_model(&self, catalog: &Catalog) -> Result<ModelCard, FieldError> {
+        match (&self.model.preset, &self.model.card) {
+            (Some(_), Some(_)) => Err(FieldError::new(
+                "spec.model",
+                "give either `preset` or `card`, not both",
+            )),
+            (None, None) => Err(FieldError::new(
+                "spec.model",
+                "missing: give `preset` (see `primus profiles`) or an inline `card`",
+            )),
             (Some(p), None) => catalog.model(p).cloned().ok_or_else(|| {
                 FieldError::new(
                     "spec.model.preset",
@@ -321,25 +337,25 @@ impl PlanSpec {
                         catalog.model_names().join(", ")
                     ),
                 )
-            })?,
+            }),
             (None, Some(card)) => {
                 card.validate("spec.model.card")?;
-                card.clone()
+                Ok(card.clone())
             }
-        };
-        let hardware = match (&self.cluster.gpu, &self.cluster.gpu_profile) {
-            (Some(_), Some(_)) => {
-                return Err(FieldError::new(
-                    "spec.cluster",
-                    "give either `gpu` or `gpuProfile`, not both",
-                ));
-            }
-            (None, None) => {
-                return Err(FieldError::new(
-                    "spec.cluster.gpu",
-                    "missing: name a hardware profile (see `primus profiles`) or give `gpuProfile`",
-                ));
-            }
+        }
+    }
+
+    /// `spec.cluster.gpu` / `gpuProfile`: a profile from the catalog or a checked inline one.
+    fn resolve_hardware(&self, catalog: &Catalog) -> Result<HardwareProfile, FieldError> {
+        match (&self.cluster.gpu, &self.cluster.gpu_profile) {
+            (Some(_), Some(_)) => Err(FieldError::new(
+                "spec.cluster",
+                "give either `gpu` or `gpuProfile`, not both",
+            )),
+            (None, None) => Err(FieldError::new(
+                "spec.cluster.gpu",
+                "missing: name a hardware profile (see `primus profiles`) or give `gpuProfile`",
+            )),
             (Some(g), None) => catalog.hardware(g).cloned().ok_or_else(|| {
                 FieldError::new(
                     "spec.cluster.gpu",
@@ -348,12 +364,16 @@ impl PlanSpec {
                         catalog.hardware_names().join(", ")
                     ),
                 )
-            })?,
+            }),
             (None, Some(p)) => {
                 p.validate("spec.cluster.gpuProfile")?;
-                p.clone()
+                Ok(p.clone())
             }
-        };
+        }
+    }
+
+    /// `spec.cluster.gpus` and `gpusPerNode` (default: the profile's), in whole nodes.
+    fn resolve_cluster(&self, hardware: &HardwareProfile) -> Result<Cluster, FieldError> {
         let gpus = self.cluster.gpus;
         if gpus == 0 {
             return Err(FieldError::new(
@@ -374,6 +394,14 @@ impl PlanSpec {
                 format!("{gpus} is not a multiple of gpusPerNode {gpus_per_node}"),
             ));
         }
+        Ok(Cluster {
+            gpus,
+            gpus_per_node,
+        })
+    }
+
+    /// `spec.training`: positive sequence length and global batch.
+    fn check_training(&self) -> Result<(), FieldError> {
         if self.training.seq_length == 0 {
             return Err(FieldError::new(
                 "spec.training.seqLength",
@@ -386,6 +414,11 @@ impl PlanSpec {
                 "must be greater than 0",
             ));
         }
+        Ok(())
+    }
+
+    /// `spec.tuning` (default when absent), checked against `spec.parallelism`.
+    fn resolve_tuning(&self) -> Result<Tuning, FieldError> {
         let tuning = self.tuning.clone().unwrap_or_default();
         if !(tuning.memory_headroom > 0.0 && tuning.memory_headroom <= 1.0) {
             return Err(FieldError::new(
@@ -408,20 +441,7 @@ impl PlanSpec {
                 "missing: searcher `none` projects spec.parallelism as given",
             ));
         }
-        Ok(Plan {
-            name: name.to_string(),
-            scenario: Scenario {
-                model,
-                hardware,
-                cluster: Cluster {
-                    gpus,
-                    gpus_per_node,
-                },
-                training: self.training,
-            },
-            layout: self.parallelism.clone(),
-            tuning,
-        })
+        Ok(tuning)
     }
 }
 

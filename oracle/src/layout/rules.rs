@@ -3,7 +3,7 @@
 //! `megatron/training/arguments.py`, `megatron/core/parallel_state.py`,
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
-use super::{Layout, Recompute, RecomputeModule, Schedule};
+use super::{Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
 use crate::scenario::Scenario;
 
 /// One broken legality rule.
@@ -178,7 +178,6 @@ impl Layout {
     }
 
     fn check_pipeline(&self, s: &Scenario) -> Result<(), LayoutError> {
-        let layers = s.model.layers;
         let (pp, vpp) = (self.pp, self.vpp);
         if vpp > 1 && pp == 1 {
             return fail(
@@ -188,49 +187,10 @@ impl Layout {
             );
         }
         if let Some(pl) = &self.pipeline_layout {
-            if self.first_stage_layers.is_some() || self.last_stage_layers.is_some() {
-                return fail(
-                    "pipeline-layout-exclusive",
-                    "pipelineLayout",
-                    "give either pipelineLayout or firstStageLayers/lastStageLayers, not both",
-                );
-            }
-            let stages = pl.stages().len() as u32;
-            if stages != pp * vpp {
-                return fail(
-                    "pipeline-layout-stages",
-                    "pipelineLayout",
-                    format!(
-                        "has {stages} stages, but pp*vpp = {pp}*{vpp} = {} (one per virtual stage)",
-                        pp * vpp
-                    ),
-                );
-            }
-            if pl.layers() != layers {
-                return fail(
-                    "pipeline-layout-layers",
-                    "pipelineLayout",
-                    format!(
-                        "places {} decoder layers `t`, the model has {layers}",
-                        pl.layers()
-                    ),
-                );
-            }
-            if pl.mtp_layers() != s.model.mtp_layers {
-                return fail(
-                    "pipeline-layout-layers",
-                    "pipelineLayout",
-                    format!(
-                        "places {} MTP layers `m`, the model has {}",
-                        pl.mtp_layers(),
-                        s.model.mtp_layers
-                    ),
-                );
-            }
-            return Ok(());
+            return self.check_pipeline_layout(s, pl);
         }
-        let (first, last) = (self.first_stage_layers, self.last_stage_layers);
-        if first.is_none() && last.is_none() {
+        if self.first_stage_layers.is_none() && self.last_stage_layers.is_none() {
+            let layers = s.model.layers;
             if !layers.is_multiple_of(pp * vpp) {
                 return fail(
                     "pp-divides-layers",
@@ -243,6 +203,62 @@ impl Layout {
             }
             return Ok(());
         }
+        self.check_uneven_split(s)
+    }
+
+    /// An explicit `pipelineLayout`: one stage per virtual stage, every decoder and MTP layer
+    /// placed, and no first/last stage counts beside it.
+    fn check_pipeline_layout(&self, s: &Scenario, pl: &PipelineLayout) -> Result<(), LayoutError> {
+        let layers = s.model.layers;
+        let (pp, vpp) = (self.pp, self.vpp);
+        if self.first_stage_layers.is_some() || self.last_stage_layers.is_some() {
+            return fail(
+                "pipeline-layout-exclusive",
+                "pipelineLayout",
+                "give either pipelineLayout or firstStageLayers/lastStageLayers, not both",
+            );
+        }
+        let stages = pl.stages().len() as u32;
+        if stages != pp * vpp {
+            return fail(
+                "pipeline-layout-stages",
+                "pipelineLayout",
+                format!(
+                    "has {stages} stages, but pp*vpp = {pp}*{vpp} = {} (one per virtual stage)",
+                    pp * vpp
+                ),
+            );
+        }
+        if pl.layers() != layers {
+            return fail(
+                "pipeline-layout-layers",
+                "pipelineLayout",
+                format!(
+                    "places {} decoder layers `t`, the model has {layers}",
+                    pl.layers()
+                ),
+            );
+        }
+        if pl.mtp_layers() != s.model.mtp_layers {
+            return fail(
+                "pipeline-layout-layers",
+                "pipelineLayout",
+                format!(
+                    "places {} MTP layers `m`, the model has {}",
+                    pl.mtp_layers(),
+                    s.model.mtp_layers
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// `firstStageLayers` / `lastStageLayers`: the rest splits evenly (and non-empty) over the
+    /// middle stages' chunks.
+    fn check_uneven_split(&self, s: &Scenario) -> Result<(), LayoutError> {
+        let layers = s.model.layers;
+        let (pp, vpp) = (self.pp, self.vpp);
+        let (first, last) = (self.first_stage_layers, self.last_stage_layers);
         let name = if first.is_some() {
             "firstStageLayers"
         } else {

@@ -20,7 +20,7 @@
 //! shared experts' activations, `moe_act` the routed experts' activation output.
 
 use crate::layout::{Layout, ModuleSet, RecomputeModule, Schedule};
-use crate::model::{Activation, LayerKind, ModelCard};
+use crate::model::{Activation, LayerKind, MlaConfig, ModelCard, MoeConfig};
 use crate::precision::Precision;
 
 /// Bytes per element of 16-bit activations (BF16).
@@ -165,7 +165,6 @@ pub fn layer_terms(
 ) -> ActivationTerms {
     let lin = linear_input_bytes(precision);
     let h = card.hidden_size as f64;
-    let a = card.attention_heads as f64;
     let mut t = ActivationTerms::default();
     if keep == Keep::Input {
         // Full recompute keeps the layer input only: 2sbh (Korthikanti eq. 3 regime).
@@ -173,40 +172,38 @@ pub fn layer_terms(
         return t;
     }
     let rc = keep.modules();
-    let recomputes = |m: RecomputeModule| rc.contains(m);
     let drop = if opts.dropout { MASK_BYTES * h } else { 0.0 };
-    // Attention.
+    attention_terms(&mut t, card, rc, lin, drop, opts);
+    // MLP.
+    let ln2_input = ACT_BYTES * h;
+    let mlp_dropout_mask = drop;
+    t.seq += ln2_input + mlp_dropout_mask;
+    match (kind, &card.moe) {
+        (LayerKind::Moe, Some(m)) => moe_terms(&mut t, card, m, rc, lin, etp),
+        _ => dense_mlp_terms(&mut t, card, rc, lin),
+    }
+    t
+}
+
+/// The attention block's terms: its input norm's input, the projections' inputs and outputs
+/// (standard or MLA) and the attention core's softmax statistics (or scores). `rc` are the
+/// selective-recompute modules, `lin` the bytes of a saved linear input, `drop` the dropout
+/// mask bytes per token.
+fn attention_terms(
+    t: &mut ActivationTerms,
+    card: &ModelCard,
+    rc: ModuleSet,
+    lin: f64,
+    drop: f64,
+    opts: &MemoryOptions,
+) {
+    let h = card.hidden_size as f64;
+    let a = card.attention_heads as f64;
     let ln1_input = ACT_BYTES * h;
     let attn_dropout_mask = drop;
     t.seq += ln1_input + attn_dropout_mask;
     if let Some(m) = &card.mla {
-        let q_lora = m.q_lora_rank.unwrap_or(0) as f64;
-        let kv_lora = m.kv_lora_rank as f64;
-        let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
-        let v = m.v_head_dim as f64;
-        // Megatron-Core MLA: the down-projections run on the sequence-parallel input (kept
-        // once for both), the latents are normed, then gathered over the sequence for the
-        // TP-split up-projections.
-        // down_input = lin*h, the output of MLA's separate input norm (`layernorm` drops it).
-        let down_input = if recomputes(RecomputeModule::Layernorm) {
-            0.0
-        } else {
-            lin * h
-        };
-        let latent_norm_inputs = ACT_BYTES * (q_lora + kv_lora);
-        let up_inputs = lin * (q_lora + kv_lora);
-        t.seq += down_input + latent_norm_inputs;
-        t.whole += up_inputs;
-        // q + k + v = 2a(qk + qk + v), the up-projections' outputs after rotary
-        // (`mla_up_proj` drops them).
-        if !recomputes(RecomputeModule::MlaUpProj) {
-            let q = ACT_BYTES * a * qk;
-            let k = ACT_BYTES * a * qk;
-            let v_ = ACT_BYTES * a * v;
-            t.tensor += q + k + v_;
-        }
-        let proj_input = lin * a * v;
-        t.tensor += proj_input;
+        mla_terms(t, card, m, rc, lin);
     } else {
         let d = card.head_dim() as f64;
         let g = card.kv_heads() as f64;
@@ -221,7 +218,7 @@ pub fn layer_terms(
         t.seq += qkv_input;
         t.tensor += q + k + v + proj_input;
     }
-    if !recomputes(RecomputeModule::CoreAttn) {
+    if !rc.contains(RecomputeModule::CoreAttn) {
         if opts.flash_attention {
             // Flash attention keeps the fp32 log-sum-exp per head and query, not the scores.
             t.tensor += FP32_BYTES * a;
@@ -237,70 +234,108 @@ pub fn layer_terms(
             t.score += softmax + dropout;
         }
     }
-    // MLP.
-    let ln2_input = ACT_BYTES * h;
-    let mlp_dropout_mask = drop;
-    t.seq += ln2_input + mlp_dropout_mask;
-    match (kind, &card.moe) {
-        (LayerKind::Moe, Some(m)) => {
-            let whole_block = recomputes(RecomputeModule::Moe);
-            // The MoE block's input is the output of its separate pre-MLP norm: lin*h as the
-            // experts' and router's saved input, or ACT_BYTES*h as the input `moe` keeps for
-            // its checkpoint; `layernorm` drops it either way.
-            let mlp_input = match (recomputes(RecomputeModule::Layernorm), whole_block) {
-                (true, _) => 0.0,
-                (false, true) => ACT_BYTES * h,
-                (false, false) => lin * h,
-            };
-            t.seq += mlp_input;
-            if whole_block {
-                // `moe`: nothing inside the block is kept.
-                return t;
-            }
-            let e = m.num_experts as f64;
-            // Router: fp32 scores (softmax/sigmoid output), the routing map, top-k probs.
-            let router = FP32_BYTES * e + MASK_BYTES * e + FP32_BYTES * m.top_k as f64;
-            t.seq += router;
-            let shared = card.shared_expert_ffn();
-            if shared > 0 && !recomputes(RecomputeModule::SharedExperts) {
-                // shared_act = act_in + act_out of the shared experts' FFN
-                // (`shared_experts` drops it).
-                let (act_in, act_out) = mlp_act(card, shared, lin);
-                t.tensor += act_in + act_out;
-            }
-            // Expert side, per local token: k copies (x load factor), each gathered over ETP
-            // for fc1 (its input h), the activation of the whole expert FFN (split over ETP,
-            // times ETP tokens: ETP cancels) and the routing probability (fp32), which
-            // Megatron-Core applies inside the activation function
-            // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
-            // keeps no expert output.
-            let copies = expert_copies(card);
-            let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
-            // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
-            // fc2's original input, so nothing remains under FP8 either).
-            let act_out = if recomputes(RecomputeModule::MoeAct) {
-                0.0
-            } else {
-                act_out
-            };
-            let fc1_input = lin * h * etp.max(1) as f64;
-            let prob = FP32_BYTES;
-            t.expert += copies * (fc1_input + act_in + act_out + prob);
-        }
-        _ => {
-            if recomputes(RecomputeModule::Mlp) {
-                // `mlp`: only the MLP's input is kept, which is the residual stream (ln2_input,
-                // the fused norm sits inside fc1): mlp_input + act_in + act_out are dropped.
-                return t;
-            }
-            // mlp_input = lin*h, the fused pre-MLP norm's output (unaffected by `layernorm`).
-            let mlp_input = lin * h;
-            let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
-            t.seq += mlp_input;
-            t.tensor += act_in + act_out;
-        }
+}
+
+/// MLA's projection terms (Megatron-Core): the down-projections run on the sequence-parallel
+/// input (kept once for both), the latents are normed, then gathered over the sequence for
+/// the TP-split up-projections.
+fn mla_terms(t: &mut ActivationTerms, card: &ModelCard, m: &MlaConfig, rc: ModuleSet, lin: f64) {
+    let h = card.hidden_size as f64;
+    let a = card.attention_heads as f64;
+    let q_lora = m.q_lora_rank.unwrap_or(0) as f64;
+    let kv_lora = m.kv_lora_rank as f64;
+    let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+    let v = m.v_head_dim as f64;
+    // down_input = lin*h, the output of MLA's separate input norm (`layernorm` drops it).
+    let down_input = if rc.contains(RecomputeModule::Layernorm) {
+        0.0
+    } else {
+        lin * h
+    };
+    let latent_norm_inputs = ACT_BYTES * (q_lora + kv_lora);
+    let up_inputs = lin * (q_lora + kv_lora);
+    t.seq += down_input + latent_norm_inputs;
+    t.whole += up_inputs;
+    // q + k + v = 2a(qk + qk + v), the up-projections' outputs after rotary
+    // (`mla_up_proj` drops them).
+    if !rc.contains(RecomputeModule::MlaUpProj) {
+        let q = ACT_BYTES * a * qk;
+        let k = ACT_BYTES * a * qk;
+        let v_ = ACT_BYTES * a * v;
+        t.tensor += q + k + v_;
     }
-    t
+    let proj_input = lin * a * v;
+    t.tensor += proj_input;
+}
+
+/// The MoE block's terms after its norm: its input, the router, the shared experts and, per
+/// local token, the routed experts' side.
+fn moe_terms(
+    t: &mut ActivationTerms,
+    card: &ModelCard,
+    m: &MoeConfig,
+    rc: ModuleSet,
+    lin: f64,
+    etp: u32,
+) {
+    let h = card.hidden_size as f64;
+    let whole_block = rc.contains(RecomputeModule::Moe);
+    // The MoE block's input is the output of its separate pre-MLP norm: lin*h as the
+    // experts' and router's saved input, or ACT_BYTES*h as the input `moe` keeps for
+    // its checkpoint; `layernorm` drops it either way.
+    let mlp_input = match (rc.contains(RecomputeModule::Layernorm), whole_block) {
+        (true, _) => 0.0,
+        (false, true) => ACT_BYTES * h,
+        (false, false) => lin * h,
+    };
+    t.seq += mlp_input;
+    if whole_block {
+        // `moe`: nothing inside the block is kept.
+        return;
+    }
+    let e = m.num_experts as f64;
+    // Router: fp32 scores (softmax/sigmoid output), the routing map, top-k probs.
+    let router = FP32_BYTES * e + MASK_BYTES * e + FP32_BYTES * m.top_k as f64;
+    t.seq += router;
+    let shared = card.shared_expert_ffn();
+    if shared > 0 && !rc.contains(RecomputeModule::SharedExperts) {
+        // shared_act = act_in + act_out of the shared experts' FFN
+        // (`shared_experts` drops it).
+        let (act_in, act_out) = mlp_act(card, shared, lin);
+        t.tensor += act_in + act_out;
+    }
+    // Expert side, per local token: k copies (x load factor), each gathered over ETP
+    // for fc1 (its input h), the activation of the whole expert FFN (split over ETP,
+    // times ETP tokens: ETP cancels) and the routing probability (fp32), which
+    // Megatron-Core applies inside the activation function
+    // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
+    // keeps no expert output.
+    let copies = expert_copies(card);
+    let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
+    // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
+    // fc2's original input, so nothing remains under FP8 either).
+    let act_out = if rc.contains(RecomputeModule::MoeAct) {
+        0.0
+    } else {
+        act_out
+    };
+    let fc1_input = lin * h * etp.max(1) as f64;
+    let prob = FP32_BYTES;
+    t.expert += copies * (fc1_input + act_in + act_out + prob);
+}
+
+/// The dense MLP's terms after its norm.
+fn dense_mlp_terms(t: &mut ActivationTerms, card: &ModelCard, rc: ModuleSet, lin: f64) {
+    if rc.contains(RecomputeModule::Mlp) {
+        // `mlp`: only the MLP's input is kept, which is the residual stream (ln2_input,
+        // the fused norm sits inside fc1): mlp_input + act_in + act_out are dropped.
+        return;
+    }
+    // mlp_input = lin*h, the fused pre-MLP norm's output (unaffected by `layernorm`).
+    let mlp_input = lin * card.hidden_size as f64;
+    let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
+    t.seq += mlp_input;
+    t.tensor += act_in + act_out;
 }
 
 /// Per-token bytes a layer still holds while its weight-gradient (W) pass is deferred by a

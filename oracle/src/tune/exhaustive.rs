@@ -136,19 +136,9 @@ impl Exhaustive {
         let space = ctx.space;
         let s = ctx.scenario;
         let family = choices.len() as u64;
-        if self.prune {
-            // Branch and bound: nothing recomputed is the least work of the family.
-            let threshold = match task.top.as_slice() {
-                t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
-                _ => known,
-            };
-            if threshold > 0.0
-                && let Some(ub) = upper
-                && ub * (1.0 + BOUND_MARGIN) < threshold
-            {
-                task.stats.pruned += family;
-                return true;
-            }
+        if self.prune && cannot_win(ctx, known, upper, task) {
+            task.stats.pruned += family;
+            return true;
         }
         // The rules do not depend on the recompute choice (the layer counts are generated
         // within the chunks), so one check speaks for the whole family.
@@ -159,38 +149,64 @@ impl Exhaustive {
             return true;
         }
         if !self.prune {
-            // Examine everything; report what the pruned search reports (the layouts that no
-            // less-recomputing variant of the same layout beats).
-            let mut none = None;
-            let mut selective: Vec<(ModuleSet, Scored)> = Vec::new();
-            let mut full = None;
-            for &rc in choices {
-                let r = Self::try_layout(ctx, space.layout(st, mbs, rc), task);
-                match rc.recompute {
-                    Recompute::None => none = r,
-                    Recompute::Selective => selective.extend(r.map(|c| (rc.modules, c))),
-                    Recompute::Full => {
-                        if full.is_none() {
-                            full = r;
-                        }
+            Self::examine_family(ctx, st, choices, mbs, task);
+            return true;
+        }
+        Self::bound_family(ctx, st, mbs, first, family, task)
+    }
+
+    /// The unpruned search: examine every recompute choice and report what the pruned search
+    /// reports (the layouts that no less-recomputing variant of the same layout beats).
+    fn examine_family(
+        ctx: &Context<'_>,
+        st: &Structure,
+        choices: &[RecomputeChoice],
+        mbs: u32,
+        task: &mut Task,
+    ) {
+        let space = ctx.space;
+        let mut none = None;
+        let mut selective: Vec<(ModuleSet, Scored)> = Vec::new();
+        let mut full = None;
+        for &rc in choices {
+            let r = Self::try_layout(ctx, space.layout(st, mbs, rc), task);
+            match rc.recompute {
+                Recompute::None => none = r,
+                Recompute::Selective => selective.extend(r.map(|c| (rc.modules, c))),
+                Recompute::Full => {
+                    if full.is_none() {
+                        full = r;
                     }
                 }
             }
-            match none {
-                Some(c) => task.top.push(c),
-                None => {
-                    // A module set is beaten by any fitting set of fewer of its modules.
-                    let fitting: Vec<ModuleSet> = selective.iter().map(|(m, _)| *m).collect();
-                    selective
-                        .into_iter()
-                        .filter(|(m, _)| !fitting.iter().any(|f| f != m && f.is_subset(*m)))
-                        .map(|(_, c)| c)
-                        .chain(full)
-                        .for_each(|c| task.top.push(c));
-                }
-            }
-            return true;
         }
+        match none {
+            Some(c) => task.top.push(c),
+            None => {
+                // A module set is beaten by any fitting set of fewer of its modules.
+                let fitting: Vec<ModuleSet> = selective.iter().map(|(m, _)| *m).collect();
+                selective
+                    .into_iter()
+                    .filter(|(m, _)| !fitting.iter().any(|f| f != m && f.is_subset(*m)))
+                    .map(|(_, c)| c)
+                    .chain(full)
+                    .for_each(|c| task.top.push(c));
+            }
+        }
+    }
+
+    /// The pruned search over the recompute choices of one legal layout (`first`, nothing
+    /// recomputed when the space allows it): the least recomputation that fits wins, so stop
+    /// at it. False when nothing fits.
+    fn bound_family(
+        ctx: &Context<'_>,
+        st: &Structure,
+        mbs: u32,
+        first: crate::layout::Layout,
+        family: u64,
+        task: &mut Task,
+    ) -> bool {
+        let space = ctx.space;
         // Nothing recomputed: when it fits, every recomputing variant is slower.
         if space.recompute.contains(&Recompute::None)
             && let Some(c) = Self::try_layout(ctx, first, task)
@@ -231,6 +247,16 @@ impl Exhaustive {
         }
         any_fit
     }
+}
+
+/// Branch and bound: a family whose throughput bound `upper` (nothing recomputed is the least
+/// work of the family) is below the best `top_k`-th found so far (or `known`) cannot win.
+fn cannot_win(ctx: &Context<'_>, known: f64, upper: Option<f64>, task: &Task) -> bool {
+    let threshold = match task.top.as_slice() {
+        t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
+        _ => known,
+    };
+    threshold > 0.0 && upper.is_some_and(|ub| ub * (1.0 + BOUND_MARGIN) < threshold)
 }
 
 /// Structures grouped by pipeline shape and data-parallel size, in a stable order.

@@ -1,0 +1,199 @@
+//! The cached processing order of a 1F1B-family schedule: every pass of every rank, in an
+//! order where each pass comes after the pass it waits for and its rank's previous pass, so
+//! the timing loop ([`super::steady::time_passes`]) is one pass over an array. It depends only
+//! on (schedule, pp, vpp, m) and is built once per key: sweep the ranks placing every pass
+//! whose input is placed, reorder by start time in a reference run so consecutive passes
+//! belong to different ranks, then index each rank's passes and the positions the results
+//! read.
+
+use super::order::RankOrder;
+use super::steady::find_period;
+use super::{NONE, PlanKey, PlanMeta, PlanOp, RankOp, Simulator, dependency, index};
+
+/// Passes in a processing order, and the plan position of each pass by [`index`].
+struct Placed {
+    plan: Vec<PlanOp>,
+    meta: Vec<PlanMeta>,
+    position: Vec<u32>,
+}
+
+impl Simulator {
+    /// Build (or reuse) the processing order of a 1F1B-family schedule.
+    pub(super) fn ensure_plan(&mut self, key: PlanKey) {
+        if self.key == Some(key) {
+            return;
+        }
+        let PlanKey { pp, vpp, m, .. } = key;
+        let nvs = pp * vpp;
+        let total_ops = 2 * nvs * m;
+        assert!(
+            nvs < u16::MAX as usize / 2 && pp < u16::MAX as usize && total_ops < u32::MAX as usize,
+            "pipeline too large to simulate (pp={pp}, vpp={vpp}, m={m})"
+        );
+        let placed = reorder_by_reference_start(place_passes(key), nvs, pp);
+        // Each pass's predecessor on its rank (the timing loop reads its end instead of
+        // keeping a per-rank "free" time: one array, no read-modify-write per rank).
+        let mut plan = placed.plan;
+        let mut last = vec![total_ops as u32; pp];
+        for (i, op) in plan.iter_mut().enumerate() {
+            op.prev = last[op.rank as usize];
+            last[op.rank as usize] = i as u32;
+        }
+        self.last_of_rank = last;
+        let position = placed.position;
+        self.last_backward_at = (0..nvs)
+            .map(|vs| (vs as u32, position[index(true, vs, m - 1, nvs, m)]))
+            .collect();
+        self.first_forward_at = (0..pp)
+            .map(|r| {
+                let vs = (vpp - 1) * pp + r;
+                (r as u32, position[index(false, vs, 0, nvs, m)])
+            })
+            .collect();
+        let (rank_ops, rank_ops_at) = rank_ops(&plan, pp);
+        self.period = find_period(&plan, &placed.meta, nvs, pp.min(m));
+        self.rank_ops = rank_ops;
+        self.rank_ops_at = rank_ops_at;
+        self.plan = plan;
+        self.meta = placed.meta;
+        self.key = Some(key);
+    }
+}
+
+/// Sweep the ranks (alternately forward and backward over them), placing every pass of each
+/// rank's order whose input pass is already placed; a sweep that places nothing is a
+/// deadlock.
+fn place_passes(key: PlanKey) -> Placed {
+    let PlanKey { pp, vpp, m, .. } = key;
+    let nvs = pp * vpp;
+    let total_ops = 2 * nvs * m;
+    let orders: Vec<RankOrder> = (0..pp).map(|r| RankOrder::new(pp, vpp, m, r)).collect();
+    // Plan position of each pass once placed (forwards first, then backwards).
+    let mut position = vec![NONE; total_ops];
+    let mut cursor = vec![0usize; pp];
+    let mut plan = Vec::with_capacity(total_ops);
+    let mut meta = Vec::with_capacity(total_ops);
+    let mut forward_sweep = true;
+    while plan.len() < total_ops {
+        let before = plan.len();
+        for i in 0..pp {
+            let r = if forward_sweep { i } else { pp - 1 - i };
+            let o = &orders[r];
+            while cursor[r] < o.len() {
+                let (backward, mb, chunk) = o.pass(cursor[r]);
+                let vs = chunk * pp + r;
+                let (dep, cross) = dependency(backward, vs, mb, nvs, m);
+                let dep_pos = if dep == NONE {
+                    total_ops as u32
+                } else {
+                    let p = position[dep as usize];
+                    if p == NONE {
+                        break;
+                    }
+                    p
+                };
+                position[index(backward, vs, mb, nvs, m)] = plan.len() as u32;
+                plan.push(PlanOp {
+                    dep: dep_pos,
+                    prev: total_ops as u32,
+                    rank: r as u16,
+                    dur: (if backward { nvs + vs } else { vs }) as u16,
+                    cross: cross as u8,
+                });
+                meta.push(PlanMeta {
+                    vs: vs as u32,
+                    mb: mb as u32,
+                    backward,
+                });
+                cursor[r] += 1;
+            }
+        }
+        forward_sweep = !forward_sweep;
+        assert!(
+            plan.len() > before,
+            "pipeline schedule deadlock (pp={pp}, vpp={vpp}, m={m})"
+        );
+    }
+    Placed {
+        plan,
+        meta,
+        position,
+    }
+}
+
+/// Reorder by start time in a reference run (forward 1, backward 2, no messages): still a
+/// topological order (a pass starts after its input's pass and its rank's previous pass
+/// started), and consecutive passes now belong to different ranks, so the timing loop's
+/// per-rank chains overlap in the CPU instead of running back to back.
+fn reorder_by_reference_start(placed: Placed, nvs: usize, pp: usize) -> Placed {
+    let Placed {
+        plan,
+        meta,
+        mut position,
+    } = placed;
+    let total_ops = plan.len();
+    let mut start = vec![0.0f64; total_ops];
+    let mut end_ref = vec![0.0f64; total_ops + 1];
+    let mut free = vec![0.0f64; pp];
+    for (i, op) in plan.iter().enumerate() {
+        let ready = end_ref[op.dep as usize];
+        let st = free[op.rank as usize].max(ready);
+        let dur = if (op.dur as usize) < nvs { 1.0 } else { 2.0 };
+        start[i] = st;
+        end_ref[i] = st + dur;
+        free[op.rank as usize] = st + dur;
+    }
+    let mut order: Vec<usize> = (0..total_ops).collect();
+    // Ties (passes of different ranks starting together) by rank, which keeps the order
+    // of one steady-state period the same as the next.
+    order.sort_by(|&a, &b| {
+        start[a]
+            .total_cmp(&start[b])
+            .then(plan[a].rank.cmp(&plan[b].rank))
+    });
+    let mut new_pos = vec![0u32; total_ops + 1];
+    for (new, &old) in order.iter().enumerate() {
+        new_pos[old] = new as u32;
+    }
+    new_pos[total_ops] = total_ops as u32;
+    let reordered: Vec<PlanOp> = order
+        .iter()
+        .map(|&old| {
+            let mut op = plan[old];
+            op.dep = new_pos[op.dep as usize];
+            op
+        })
+        .collect();
+    for p in position.iter_mut() {
+        if *p != NONE {
+            *p = new_pos[*p as usize];
+        }
+    }
+    Placed {
+        plan: reordered,
+        meta: order.iter().map(|&old| meta[old]).collect(),
+        position,
+    }
+}
+
+/// Each rank's passes in plan order, flattened, and where each rank's run starts (`pp + 1`
+/// offsets).
+fn rank_ops(plan: &[PlanOp], pp: usize) -> (Vec<RankOp>, Vec<usize>) {
+    let mut rank_ops = Vec::with_capacity(plan.len());
+    let mut rank_ops_at = Vec::with_capacity(pp + 1);
+    for r in 0..pp {
+        rank_ops_at.push(rank_ops.len());
+        rank_ops.extend(
+            plan.iter()
+                .enumerate()
+                .filter(|(_, op)| op.rank as usize == r)
+                .map(|(i, op)| RankOp {
+                    pos: i as u32,
+                    dur: op.dur,
+                    cross: op.cross,
+                }),
+        );
+    }
+    rank_ops_at.push(rank_ops.len());
+    (rank_ops, rank_ops_at)
+}
