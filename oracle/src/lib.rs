@@ -10,8 +10,8 @@
 //! The top-level modules depend on each other without cycles (`tests/module_graph.rs` checks
 //! it): `error`, `units` and `precision` are leaves; `parse`, `model` and `hardware` sit on
 //! them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
-//! `compute`, `memory`, `schedule`, `projection`) and, on top, `bench`, `calibrate`,
-//! `megatron`, `validate`, `report` and `tune`.
+//! `compute`, `memory`, `schedule`, `projection`), `report` and, on top, `bench`,
+//! `calibrate`, `megatron`, `validate` and `tune`.
 
 pub mod bench;
 pub mod calibrate;
