@@ -15,6 +15,7 @@ pub(super) struct RankOrder {
 }
 
 impl RankOrder {
+    #[inline]
     pub(super) fn new(pp: usize, vpp: usize, m: usize, rank: usize) -> RankOrder {
         let total = m * vpp;
         let group = pp.min(m).max(1);
@@ -36,12 +37,14 @@ impl RankOrder {
     }
 
     /// Passes this rank runs (forwards and backwards).
+    #[inline]
     pub(super) fn len(&self) -> usize {
         2 * self.total
     }
 
     /// The `k`-th entry of Megatron's schedule table: micro-batches in groups of `group`,
     /// each group walked through every chunk in turn.
+    #[inline]
     pub(super) fn table(&self, k: usize) -> (usize, usize) {
         let g = self.group;
         let full_groups = self.m / g;
@@ -59,6 +62,7 @@ impl RankOrder {
 
     /// The `j`-th pass: (backward?, micro-batch, chunk). Warm-up forwards, then one forward
     /// and one backward in turn, then the cool-down backwards.
+    #[inline]
     pub(super) fn pass(&self, j: usize) -> (bool, usize, usize) {
         let w = self.warmup;
         let steady = self.total - w;
