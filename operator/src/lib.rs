@@ -28,9 +28,4 @@ pub use error::Error;
 pub const CONTROLLER: &str = "primus-operator";
 
 /// Install rustls' ring provider once (the project's single TLS stack).
-pub fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use primus_runtime::tls::install_ring_provider as install_crypto_provider;

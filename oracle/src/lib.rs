@@ -5,6 +5,13 @@
 //! Inputs are plain data: a [`model::ModelCard`], a [`hardware::HardwareProfile`], a
 //! [`plan::Cluster`], the [`plan::Training`] settings and a [`layout::Layout`]. The
 //! [`plan`] module parses the same TrainingPlan YAML that `kubectl apply` sends.
+//!
+//! Everything that touches the outside world lives in the crates around it: the `primus`
+//! command line (`primus-cli`), the GPU benchmark backends (`primus-bench`), the Kubernetes
+//! types (`primus-crds`), the operator and the webhook. They depend on this crate, never the
+//! reverse; `tests/tests/oracle_deps.rs` keeps its dependency list pure.
+
+#![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod calibrate;
@@ -26,6 +33,3 @@ pub mod units;
 pub mod validate;
 
 pub use error::{FieldError, PlanError};
-
-#[cfg(feature = "cli")]
-pub mod cli;

@@ -201,7 +201,7 @@ async fn worker(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    primus_webhook::tls::install_default_provider();
+    primus_runtime::tls::install_ring_provider();
     if !(args.rate > 0.0 && args.duration > 0.0 && args.warmup >= 0.0) {
         bail!("--rate and --duration must be positive, --warmup non-negative");
     }

@@ -13,12 +13,12 @@ use std::ffi::{c_int, c_void};
 
 use hip_sys::hiprt::{self as hip, hipError_t};
 
-use crate::bench::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
-use crate::bench::hip_ffi::{self as ffi, HipBlasLt, LtAlgo, LtHeuristic, NcclComm, Rccl};
-use crate::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
-use crate::collectives::Collective;
-use crate::plan::Plan;
-use crate::report::{Backend, BenchmarkResults};
+use crate::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
+use crate::hip_ffi::{self as ffi, HipBlasLt, LtAlgo, LtHeuristic, NcclComm, Rccl};
+use primus_oracle::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
+use primus_oracle::collectives::Collective;
+use primus_oracle::plan::Plan;
+use primus_oracle::report::{Backend, BenchmarkResults};
 
 /// hipBLASLt workspace.
 const WORKSPACE: u64 = 32 << 20;

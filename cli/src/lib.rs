@@ -1,15 +1,18 @@
-//! The `primus` command line: argument types and one module per subcommand. Only built with
-//! the `cli` feature; the library proper never prints.
+//! The `primus` command line: argument types and one module per subcommand, over the pure
+//! oracle (`primus-oracle`). The edges live here: files and terminals, the Kubernetes API
+//! (`primus bench --plan/--report-to`, `primus report`, through `primus-crds`' types), the GPU
+//! backends (`primus-bench`, cargo features `rocm` and `cuda`) and the tuning agent's
+//! OpenAI-compatible HTTP client ([`agent`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::error::PlanError;
-use crate::plan::{Plan, load_plan};
-use crate::profiles::Catalog;
+use primus_oracle::error::PlanError;
+use primus_oracle::plan::{Plan, load_plan};
+use primus_oracle::profiles::Catalog;
 
+pub mod agent;
 pub mod bench;
-#[cfg(feature = "kube")]
 pub mod kube;
 pub mod memory;
 pub mod profiles;
@@ -53,8 +56,8 @@ impl From<PlanError> for CliError {
     }
 }
 
-impl From<crate::error::FieldError> for CliError {
-    fn from(e: crate::error::FieldError) -> Self {
+impl From<primus_oracle::error::FieldError> for CliError {
+    fn from(e: primus_oracle::error::FieldError) -> Self {
         CliError::Input(e.to_string())
     }
 }

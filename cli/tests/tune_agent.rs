@@ -1,7 +1,6 @@
 //! The agent searcher against a local HTTP server that speaks the OpenAI chat-completions API
 //! (a few lines of std::net, no mocking crate): a good reply is parsed, checked and scored, a
 //! malformed reply and a timeout are counted and skipped, and the run always completes.
-#![cfg(feature = "agent")]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -9,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use primus_cli::agent::ChatCompletions;
 use primus_oracle::plan::{Plan, SearcherKind, parse_plan};
 use primus_oracle::profiles::Catalog;
-use primus_oracle::tune::agent::{AgentSearcher, ChatCompletions};
+use primus_oracle::tune::agent::AgentSearcher;
 use primus_oracle::tune::{TuneOptions, TuneResult, tune, tune_plan};
 use serde_json::{Value, json};
 

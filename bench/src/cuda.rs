@@ -17,11 +17,11 @@ use cudarc::cublaslt::{result as lt, sys as ltsys};
 use cudarc::driver::{result as drv, sys as dsys};
 use cudarc::nccl::{result as nccl, sys as ncclsys};
 
-use crate::bench::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
-use crate::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
-use crate::collectives::Collective;
-use crate::plan::Plan;
-use crate::report::{Backend, BenchmarkResults};
+use crate::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
+use primus_oracle::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
+use primus_oracle::collectives::Collective;
+use primus_oracle::plan::Plan;
+use primus_oracle::report::{Backend, BenchmarkResults};
 
 /// cuBLASLt workspace (NVIDIA's recommendation for Hopper).
 const WORKSPACE: u64 = 32 << 20;

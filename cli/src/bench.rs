@@ -4,18 +4,23 @@
 //! with `-o FILE`). In a benchmark pod the operator runs
 //! `primus bench --plan NS/NAME --backend B --report-to NS/REPORT`: the plan is read from the
 //! API and the results are written as a `BenchmarkReport` owned by the plan. The GPU backends
-//! (`rocm`, `cuda`) are built with the cargo features of the same names; without the feature,
-//! or without a GPU, they fail with one clear line. `--compare` prints the measurements against
+//! (`rocm`, `cuda`, crate `primus-bench`) are built with the cargo features of the same names;
+//! without the feature, or without a GPU, they fail with one clear line. `--compare` prints the measurements against
 //! the analytic model (achieved GEMM TFLOP/s, collective bus bandwidth).
 
 use std::path::PathBuf;
 
-use crate::bench::measure::{self, Protocol, Provenance};
-use crate::bench::simulate::SimulatedDevice;
-use crate::calibrate::Calibration;
-use crate::hardware::Vendor;
-use crate::plan::{Plan, parse_plan, parse_yaml_value};
-use crate::report::{Backend, BenchmarkResults};
+use primus_oracle::bench::measure::{self, Protocol, Provenance};
+use primus_oracle::bench::simulate::SimulatedDevice;
+use primus_oracle::calibrate::Calibration;
+use primus_oracle::hardware::Vendor;
+use primus_oracle::plan::{Plan, parse_plan, parse_yaml_value};
+use primus_oracle::report::{Backend, BenchmarkResults};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use primus_crds::annotations::{BENCH_MANAGER, MANAGED_BY, PLAN_LABEL};
+use primus_crds::{BenchmarkReport, BenchmarkReportSpec, TrainingPlan};
 
 use super::{CliError, Common, catalog};
 
@@ -69,10 +74,15 @@ pub struct Args {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Untimed warm-up runs per case (GPU backends).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "PRIMUS_BENCH_WARMUP", default_value_t = 5)]
     pub warmup: u32,
     /// Timed runs per case (GPU backends); the report keeps their median and spread.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(
+        long,
+        env = "PRIMUS_BENCH_RUNS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     pub runs: u32,
     /// Print the measurements against the analytic model (stdout with `-o`, else stderr).
     #[arg(long)]
@@ -150,56 +160,13 @@ pub fn measure(
             let once = Protocol { warmup: 0, runs: 1 };
             measure::run(plan, &mut device, &once, provenance, &mut |_| {})
         }
-        Backend::Rocm => run_rocm(plan, protocol, provenance, &mut progress),
-        Backend::Cuda => run_cuda(plan, protocol, provenance, &mut progress),
+        Backend::Rocm | Backend::Cuda => {
+            primus_bench::run(backend, plan, protocol, provenance, &mut progress)
+        }
     }
     .map_err(|e| CliError::Failed(e.to_string()))?;
     results.finished_at = now_rfc3339();
     Ok(results)
-}
-
-#[cfg(feature = "rocm")]
-fn run_rocm(
-    plan: &Plan,
-    protocol: &Protocol,
-    provenance: Provenance,
-    progress: &mut dyn FnMut(&str),
-) -> Result<BenchmarkResults, measure::BenchError> {
-    crate::bench::rocm::run(plan, protocol, provenance, progress)
-}
-
-#[cfg(not(feature = "rocm"))]
-fn run_rocm(
-    _plan: &Plan,
-    _protocol: &Protocol,
-    _provenance: Provenance,
-    _progress: &mut dyn FnMut(&str),
-) -> Result<BenchmarkResults, measure::BenchError> {
-    Err(measure::BenchError::new(
-        "the rocm backend is not built into this primus (build it with `--features rocm`); use --backend simulate",
-    ))
-}
-
-#[cfg(feature = "cuda")]
-fn run_cuda(
-    plan: &Plan,
-    protocol: &Protocol,
-    provenance: Provenance,
-    progress: &mut dyn FnMut(&str),
-) -> Result<BenchmarkResults, measure::BenchError> {
-    crate::bench::cuda::run(plan, protocol, provenance, progress)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_cuda(
-    _plan: &Plan,
-    _protocol: &Protocol,
-    _provenance: Provenance,
-    _progress: &mut dyn FnMut(&str),
-) -> Result<BenchmarkResults, measure::BenchError> {
-    Err(measure::BenchError::new(
-        "the cuda backend is not built into this primus (build it with `--features cuda`); use --backend simulate",
-    ))
 }
 
 /// The measurements of `results` against the analytic model of `plan`'s GPU profile: every
@@ -360,7 +327,6 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     from_cluster(args)
 }
 
-#[cfg(feature = "kube")]
 fn from_cluster(args: &Args) -> Result<(), CliError> {
     let reference = args.plan.as_deref().unwrap_or_default();
     let rt = super::kube::runtime()?;
@@ -368,14 +334,10 @@ fn from_cluster(args: &Args) -> Result<(), CliError> {
         let client = super::kube::client().await?;
         let (ns, name) = super::kube::split_ref(reference, client.default_namespace(), "--plan")?;
         let object = super::kube::get_plan(&client, &ns, &name).await?;
-        let spec = object
-            .data
-            .get("spec")
-            .cloned()
-            .ok_or_else(|| CliError::Input(format!("trainingplan {ns}/{name}: no spec")))?;
         let c = catalog(&args.common)?;
-        let plan = crate::plan::PlanSpec::from_json(spec.clone())?.resolve(&name, &c)?;
-        let backend = choose_backend(args, spec_backend(&spec)?, &plan);
+        let plan = object.spec.to_oracle()?.resolve(&name, &c)?;
+        let from_spec = object.spec.benchmark.as_ref().and_then(|b| b.backend);
+        let backend = choose_backend(args, from_spec, &plan);
         let results = measure(&plan, backend, &protocol(args), args.quiet)?;
         write_output(args, &results)?;
         print_comparison(args, &plan, &results)?;
@@ -390,14 +352,6 @@ fn from_cluster(args: &Args) -> Result<(), CliError> {
     })
 }
 
-#[cfg(not(feature = "kube"))]
-fn from_cluster(_args: &Args) -> Result<(), CliError> {
-    Err(CliError::Input(
-        "--plan: this primus was built without the `kube` feature; use -f PLAN".into(),
-    ))
-}
-
-#[cfg(feature = "kube")]
 fn post(args: &Args, plan: &Plan, results: &BenchmarkResults) -> Result<(), CliError> {
     let rt = super::kube::runtime()?;
     rt.block_on(async {
@@ -406,27 +360,65 @@ fn post(args: &Args, plan: &Plan, results: &BenchmarkResults) -> Result<(), CliE
     })
 }
 
-#[cfg(not(feature = "kube"))]
-fn post(_args: &Args, _plan: &Plan, _results: &BenchmarkResults) -> Result<(), CliError> {
-    Err(CliError::Input(
-        "--report-to: this primus was built without the `kube` feature; use -o FILE".into(),
-    ))
+/// A controller owner reference to a TrainingPlan (no `blockOwnerDeletion`: that would need
+/// update on the plan's finalizers).
+pub fn plan_owner_reference(plan: &TrainingPlan) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: TrainingPlan::api_version(&()).into_owned(),
+        kind: TrainingPlan::kind(&()).into_owned(),
+        name: plan.metadata.name.clone()?,
+        uid: plan.metadata.uid.clone()?,
+        controller: Some(true),
+        ..OwnerReference::default()
+    })
+}
+
+/// The BenchmarkReport `primus bench --report-to NAMESPACE/NAME` applies: labelled with the
+/// plan (when the name fits a label value), owned by `owner` when given, optional fields absent
+/// rather than null (the CRD's schema has no `nullable`).
+pub fn report_body(
+    namespace: &str,
+    name: &str,
+    plan: &Plan,
+    owner: Option<OwnerReference>,
+    results: &BenchmarkResults,
+) -> Result<serde_json::Value, CliError> {
+    let labels = (plan.name.len() <= 63).then(|| {
+        [
+            (PLAN_LABEL.to_string(), plan.name.clone()),
+            (MANAGED_BY.to_string(), "primus".to_string()),
+        ]
+        .into()
+    });
+    let report = BenchmarkReport {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels,
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: BenchmarkReportSpec {
+            plan: plan.name.clone(),
+            results: results.clone(),
+        },
+    };
+    let mut body = serde_json::to_value(&report)
+        .map_err(|e| CliError::Failed(format!("benchmarkreport {namespace}/{name}: {e}")))?;
+    super::kube::strip_nulls(&mut body);
+    Ok(body)
 }
 
 /// Create or update the BenchmarkReport (server-side apply under `primus-bench`).
-#[cfg(feature = "kube")]
 async fn post_async(
     args: &Args,
     client: &kube::Client,
     plan: &Plan,
-    source: Option<(&str, &kube::api::DynamicObject)>,
+    source: Option<(&str, &TrainingPlan)>,
     results: &BenchmarkResults,
 ) -> Result<(), CliError> {
-    use super::kube::{
-        BENCH_MANAGER, PLAN_LABEL, api_error, get_plan, plan_owner_reference, report_resource,
-        split_ref, timed,
-    };
-    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use super::kube::{api_error, get_plan, split_ref, timed};
+    use kube::api::{Api, Patch, PatchParams};
 
     let target = args.report_to.as_deref().unwrap_or_default();
     let (ns, name) = split_ref(target, client.default_namespace(), "--report-to")?;
@@ -438,25 +430,8 @@ async fn post_async(
         (None, Some((plan_ns, object))) if plan_ns == ns => plan_owner_reference(object),
         _ => None,
     };
-    let mut metadata = serde_json::json!({"name": name, "namespace": ns});
-    if plan.name.len() <= 63 {
-        metadata["labels"] = serde_json::json!({
-            PLAN_LABEL: plan.name,
-            "app.kubernetes.io/managed-by": "primus",
-        });
-    }
-    if let Some(o) = owner {
-        metadata["ownerReferences"] = serde_json::json!([o]);
-    }
-    let mut body = serde_json::json!({
-        "apiVersion": format!("{}/{}", super::kube::GROUP, super::kube::VERSION),
-        "kind": "BenchmarkReport",
-        "metadata": metadata,
-        "spec": {"plan": plan.name, "results": results},
-    });
-    // Optional fields go absent, not null: the CRD's schema has no `nullable`.
-    super::kube::strip_nulls(&mut body);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &report_resource());
+    let body = report_body(&ns, &name, plan, owner, results)?;
+    let api: Api<BenchmarkReport> = Api::namespaced(client.clone(), &ns);
     let what = format!("benchmarkreport {ns}/{name}");
     timed(
         &what,

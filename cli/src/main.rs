@@ -1,10 +1,15 @@
 //! `primus`: plan a distributed training job from a laptop. Project memory and step time of a
 //! layout, tune the layout, validate the oracle against published runs.
+//!
+//! Options that describe the environment rather than the job also read environment variables
+//! (`--help` lists them): `PRIMUS_PROFILES_DIR`, the agent's `PRIMUS_AGENT_*` and the
+//! benchmark protocol's `PRIMUS_BENCH_WARMUP` / `PRIMUS_BENCH_RUNS`. What a command reads and
+//! writes (plan files, `--plan`, `--report-to`, `-o`) is given on the command line only.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use primus_oracle::cli;
+use primus_cli as cli;
 
 #[derive(Debug, Parser)]
 #[command(name = "primus", version, about = "Project, tune and validate Megatron-style training layouts", long_about = None)]

@@ -1,6 +1,7 @@
 //! `primus tune -f PLAN [-o table|json] [--searcher ...] [--top K] [-q] [--emit pytorchjob]
-//! [--agent-endpoint URL --agent-model M --agent-api-key-env VAR]`: search the plan's layouts
-//! and report the best (DESIGN.md section 4), or print the best as a PyTorchJob.
+//! [--agent-endpoint URL --agent-model M --agent-api-key-env VAR --agent-timeout-seconds S]`:
+//! search the plan's layouts and report the best (DESIGN.md section 4), or print the best as a
+//! PyTorchJob.
 //!
 //! A progress bar (candidates/s, best so far) appears on stderr for searches longer than a
 //! second, unless `-q` is given or stderr is not a terminal.
@@ -14,12 +15,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::{CliError, Common, Output, plan, print_json};
-use crate::compute::AnalyticTimer;
-use crate::plan::{SearcherKind, parse_yaml_value};
-use crate::tune::exhaustive::Exhaustive;
-use crate::tune::job::{JobOptions, pytorchjob};
-use crate::tune::{Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune};
-use crate::units::GIB;
+use primus_oracle::compute::AnalyticTimer;
+use primus_oracle::plan::{SearcherKind, parse_yaml_value};
+use primus_oracle::tune::exhaustive::Exhaustive;
+use primus_oracle::tune::job::{JobOptions, pytorchjob};
+use primus_oracle::tune::{
+    Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune,
+};
+use primus_oracle::units::GIB;
 
 /// Searcher names on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -90,20 +93,25 @@ pub struct Args {
     pub seed: Option<u64>,
     /// Agent: OpenAI-compatible API base URL, e.g. http://localhost:8000/v1 (overrides
     /// `spec.tuning.agent.endpoint`).
-    #[arg(long)]
+    #[arg(long, env = "PRIMUS_AGENT_ENDPOINT")]
     pub agent_endpoint: Option<String>,
     /// Agent: model name sent with each request.
-    #[arg(long)]
+    #[arg(long, env = "PRIMUS_AGENT_MODEL")]
     pub agent_model: Option<String>,
     /// Agent: environment variable holding the API key (sent as a bearer token).
-    #[arg(long)]
+    #[arg(long, env = "PRIMUS_AGENT_API_KEY_ENV")]
     pub agent_api_key_env: Option<String>,
     /// Agent: proposal rounds (default 3).
-    #[arg(long)]
+    #[arg(long, env = "PRIMUS_AGENT_ROUNDS")]
     pub agent_rounds: Option<u32>,
-    /// Agent: seconds to wait for each reply (default 60).
-    #[arg(long)]
-    pub agent_timeout: Option<u64>,
+    /// Agent: seconds to wait for each reply (default 60, at least 1).
+    #[arg(
+        long,
+        env = "PRIMUS_AGENT_TIMEOUT_SECONDS",
+        value_name = "SECONDS",
+        value_parser = primus_runtime::flags::positive_seconds
+    )]
+    pub agent_timeout_seconds: Option<Duration>,
 }
 
 impl From<TuneError> for CliError {
@@ -129,9 +137,12 @@ fn raw_job_settings(path: &std::path::Path) -> Result<(Value, bool), CliError> {
     Ok((spec.get("job").cloned().unwrap_or(Value::Null), preset))
 }
 
-#[cfg(feature = "agent")]
-fn agent_searcher(args: &Args, plan: &crate::plan::Plan) -> Result<Box<dyn Searcher>, CliError> {
-    use crate::tune::agent::{AgentSearcher, ChatCompletions};
+fn agent_searcher(
+    args: &Args,
+    plan: &primus_oracle::plan::Plan,
+) -> Result<Box<dyn Searcher>, CliError> {
+    use crate::agent::ChatCompletions;
+    use primus_oracle::tune::agent::AgentSearcher;
     let spec = plan.tuning.agent.clone().unwrap_or_default();
     let endpoint = args
         .agent_endpoint
@@ -157,23 +168,17 @@ fn agent_searcher(args: &Args, plan: &crate::plan::Plan) -> Result<Box<dyn Searc
         })?),
         None => None,
     };
-    let timeout = Duration::from_secs(
-        args.agent_timeout
-            .or(spec.timeout_seconds.map(u64::from))
-            .unwrap_or(60)
-            .max(1),
-    );
+    let timeout = args
+        .agent_timeout_seconds
+        .or(spec
+            .timeout_seconds
+            .map(|s| Duration::from_secs(u64::from(s))))
+        .unwrap_or(Duration::from_secs(60))
+        .max(Duration::from_secs(1));
     let rounds = args.agent_rounds.or(spec.rounds).unwrap_or(3);
     let proposer = ChatCompletions::new(&endpoint, &model, key, timeout)
         .map_err(|e| CliError::Failed(format!("agent: {e}")))?;
     Ok(Box::new(AgentSearcher::new(Box::new(proposer), rounds)))
-}
-
-#[cfg(not(feature = "agent"))]
-fn agent_searcher(_args: &Args, _plan: &crate::plan::Plan) -> Result<Box<dyn Searcher>, CliError> {
-    Err(CliError::Input(
-        "spec.tuning.searcher: agent needs a primus built with the `agent` feature".into(),
-    ))
 }
 
 /// A progress bar that appears once the search has run for a second.
@@ -249,7 +254,7 @@ fn gib(b: f64) -> f64 {
 }
 
 /// The report as text.
-pub fn report_table(name: &str, r: &TuneResult, s: &crate::plan::Scenario) -> String {
+pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::plan::Scenario) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -283,7 +288,7 @@ pub fn report_table(name: &str, r: &TuneResult, s: &crate::plan::Scenario) -> St
         "\n{:>3}  {:<52} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
         "#", "LAYOUT", "TOK/S/GPU", "MFU", "PEAK GiB (PP)", "FREE GiB"
     );
-    let row = |out: &mut String, tag: &str, c: &crate::tune::Candidate| {
+    let row = |out: &mut String, tag: &str, c: &primus_oracle::tune::Candidate| {
         let m = &c.projection.memory;
         let _ = writeln!(
             out,
@@ -379,7 +384,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             ..Default::default()
         })),
         SearcherKind::Agent => Some(agent_searcher(args, &p)?),
-        SearcherKind::Seed => Some(crate::tune::searcher(kind)?),
+        SearcherKind::Seed => Some(primus_oracle::tune::searcher(kind)?),
     };
     let (job_spec, preset) = if args.emit.is_some() {
         raw_job_settings(&args.file)?

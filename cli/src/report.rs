@@ -32,9 +32,11 @@ pub fn check_tokens_per_second(x: f64) -> Result<f64, CliError> {
 
 /// The status patch `primus report` applies.
 pub fn measured_patch(tokens_per_second: f64, source: &str, at: &str) -> serde_json::Value {
+    use kube::Resource;
+    use primus_crds::TrainingPlan;
     serde_json::json!({
-        "apiVersion": "primus.dev/v1alpha1",
-        "kind": "TrainingPlan",
+        "apiVersion": TrainingPlan::api_version(&()),
+        "kind": TrainingPlan::kind(&()),
         "status": {
             "measured": {
                 "tokensPerSecondPerGpu": tokens_per_second,
@@ -45,19 +47,18 @@ pub fn measured_patch(tokens_per_second: f64, source: &str, at: &str) -> serde_j
     })
 }
 
-#[cfg(feature = "kube")]
 pub fn run(args: &Args) -> Result<(), CliError> {
-    use super::kube::{
-        REPORT_MANAGER, api_error, client, plan_resource, runtime, split_ref, timed,
-    };
-    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use super::kube::{api_error, client, runtime, split_ref, timed};
+    use kube::api::{Api, Patch, PatchParams};
+    use primus_crds::TrainingPlan;
+    use primus_crds::annotations::REPORT_MANAGER;
 
     let x = check_tokens_per_second(args.tokens_per_second)?;
     let rt = runtime()?;
     rt.block_on(async {
         let client = client().await?;
         let (ns, name) = split_ref(&args.plan, client.default_namespace(), "--plan")?;
-        let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &plan_resource());
+        let api: Api<TrainingPlan> = Api::namespaced(client, &ns);
         let what = format!("trainingplan {ns}/{name}");
         let patch = measured_patch(x, &args.source, &super::bench::now_rfc3339());
         timed(
@@ -73,13 +74,6 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         println!("{what}: measured {x} tokens/s/GPU reported");
         Ok(())
     })
-}
-
-#[cfg(not(feature = "kube"))]
-pub fn run(_args: &Args) -> Result<(), CliError> {
-    Err(CliError::Input(
-        "report: this primus was built without the `kube` feature".into(),
-    ))
 }
 
 #[cfg(test)]
@@ -102,5 +96,7 @@ mod tests {
         assert_eq!(status.keys().collect::<Vec<_>>(), vec!["measured"]);
         assert_eq!(p["status"]["measured"]["tokensPerSecondPerGpu"], 100.0);
         assert!(p.get("spec").is_none());
+        assert_eq!(p["apiVersion"], "primus.dev/v1alpha1");
+        assert_eq!(p["kind"], "TrainingPlan");
     }
 }

@@ -24,7 +24,7 @@
 # one GPU the collectives are skipped (the report says which) and the ops are still measured.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 DATE=$(date -u +%Y-%m-%d)
 OUT=${OUT:-$ROOT/bench/results/$DATE-h200}
@@ -84,16 +84,16 @@ cat "$OUT/environment.txt"
 if [ -n "${PRIMUS:-}" ]; then
   echo "using prebuilt $PRIMUS"
 else
-  echo "== cargo build --release -p primus-oracle --features cuda"
-  cargo build --release -p primus-oracle --features cuda
+  echo "== cargo build --release -p primus-cli --bin primus --features cuda"
+  cargo build --release -p primus-cli --bin primus --features cuda
   PRIMUS=$ROOT/target/release/primus
 fi
 "$PRIMUS" --version || true
 
 # --- plans
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi -L: not available"
-# shellcheck source=bench/cases.sh
-source "$ROOT/bench/cases.sh"
+# shellcheck source=bench/scripts/cases.sh
+source "$ROOT/bench/scripts/cases.sh"
 write_plans h200
 run_cases cuda
 rm -rf "$LIBDIR"

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use super::{CliError, Common, Output, plan, print_json};
-use crate::memory::{MemoryReport, estimate};
-use crate::units::gib;
+use primus_oracle::memory::{MemoryReport, estimate};
+use primus_oracle::units::gib;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -16,7 +16,7 @@
 #   RUNS=20 WARMUP=5 OUT=dir CASES="llama8b-bf16 ..." as in run-h200.sh
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 DATE=$(date -u +%Y-%m-%d)
 OUT=${OUT:-$ROOT/bench/results/$DATE-mi300x}
@@ -46,14 +46,14 @@ cat "$OUT/environment.txt"
 if [ -n "${PRIMUS:-}" ]; then
   echo "using prebuilt $PRIMUS"
 else
-  echo "== HIP_PATH=$ROCM_PATH cargo build --release -p primus-oracle --features rocm"
-  HIP_PATH=$ROCM_PATH cargo build --release -p primus-oracle --features rocm
+  echo "== HIP_PATH=$ROCM_PATH cargo build --release -p primus-cli --bin primus --features rocm"
+  HIP_PATH=$ROCM_PATH cargo build --release -p primus-cli --bin primus --features rocm
   PRIMUS=$ROOT/target/release/primus
 fi
 "$PRIMUS" --version || true
 
-# shellcheck source=bench/cases.sh
-source "$ROOT/bench/cases.sh"
+# shellcheck source=bench/scripts/cases.sh
+source "$ROOT/bench/scripts/cases.sh"
 write_plans mi300x
 run_cases rocm
 echo "== done (status $status): $OUT"

@@ -4,7 +4,7 @@
 use assert_cmd::Command;
 
 fn primus() -> Command {
-    Command::cargo_bin("primus").expect("primus binary (feature cli)")
+    Command::cargo_bin("primus").expect("primus binary")
 }
 
 fn example(name: &str) -> String {

@@ -1,7 +1,7 @@
 //! The measurement protocol the GPU backends share: buffers, warm-up, event-timed runs and
 //! clean-up, written once against [`Gpu`], the few primitives a vendor runtime provides
 //! (memory, copies, events, one GEMM library, one collective library). `cuda.rs` and `rocm.rs`
-//! implement [`Gpu`]; [`Engine`] turns one into a [`Device`] for [`crate::bench::measure::run`].
+//! implement [`Gpu`]; [`Engine`] turns one into a [`Device`] for [`primus_oracle::bench::measure::run`].
 //!
 //! Per op case: the GEMM descriptors are prepared and their algorithm chosen once, operands are
 //! allocated (one set per local expert, as many as fit in 60% of the free memory, cycled
@@ -10,11 +10,11 @@
 //! events on GPU 0's stream. Per collective: send and receive buffers on GPUs 0 .. n, the
 //! library call on every rank inside one group, and per run the slowest rank's event time.
 
-use crate::bench::measure::{
+use primus_oracle::bench::measure::{
     BenchError, CollectiveCase, Device, DeviceInfo, Kernel, OpCase, Protocol,
 };
-use crate::collectives::Collective;
-use crate::report::Backend;
+use primus_oracle::collectives::Collective;
+use primus_oracle::report::Backend;
 
 /// A device address.
 pub type DevPtr = u64;

@@ -1,48 +1,18 @@
 //! The Kubernetes side of the CLI (`primus bench --plan/--report-to`, `primus report`): a client
 //! from `KUBECONFIG` (or `~/.kube/config`, or the pod's service account in a cluster) and the
-//! two Primus kinds as untyped objects. The oracle cannot depend on the `primus-crds` crate (it
-//! depends on the oracle), so TrainingPlan and BenchmarkReport travel as
-//! [`DynamicObject`]s here; their field names are the CRDs'.
+//! typed TrainingPlan and BenchmarkReport of `primus-crds`, whose API group, labels and field
+//! managers are defined there once.
 
 use std::future::Future;
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
+use primus_crds::TrainingPlan;
 
 use super::CliError;
 
-/// API group of the Primus kinds.
-pub const GROUP: &str = "primus.dev";
-/// Their version.
-pub const VERSION: &str = "v1alpha1";
-/// Label (and annotation) naming the TrainingPlan an object belongs to.
-pub const PLAN_LABEL: &str = "primus.dev/plan";
-/// Field manager of `primus report` (the owner of `status.measured`).
-pub const REPORT_MANAGER: &str = "primus-report";
-/// Field manager of `primus bench --report-to`.
-pub const BENCH_MANAGER: &str = "primus-bench";
 /// How long one API call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
-/// `trainingplans.primus.dev`.
-pub fn plan_resource() -> ApiResource {
-    resource("TrainingPlan", "trainingplans")
-}
-
-/// `benchmarkreports.primus.dev`.
-pub fn report_resource() -> ApiResource {
-    resource("BenchmarkReport", "benchmarkreports")
-}
 
 /// A single-threaded async runtime for one command.
 pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -52,17 +22,9 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
         .map_err(|e| CliError::Failed(format!("cannot start the async runtime: {e}")))
 }
 
-/// Install rustls' ring provider once (the project's single TLS stack).
-fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 /// A client from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 pub async fn client() -> Result<kube::Client, CliError> {
-    install_crypto_provider();
+    primus_runtime::tls::install_ring_provider();
     timed(
         "connecting to the Kubernetes API",
         kube::Client::try_default(),
@@ -118,8 +80,8 @@ pub async fn get_plan(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> Result<DynamicObject, CliError> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &plan_resource());
+) -> Result<TrainingPlan, CliError> {
+    let api: Api<TrainingPlan> = Api::namespaced(client.clone(), namespace);
     let what = format!("trainingplan {namespace}/{name}");
     timed(&what, api.get(name))
         .await?
@@ -137,19 +99,6 @@ pub fn strip_nulls(v: &mut serde_json::Value) {
         serde_json::Value::Array(a) => a.iter_mut().for_each(strip_nulls),
         _ => {}
     }
-}
-
-/// A controller owner reference to a TrainingPlan object.
-pub fn plan_owner_reference(plan: &DynamicObject) -> Option<serde_json::Value> {
-    let name = plan.metadata.name.as_ref()?;
-    let uid = plan.metadata.uid.as_ref()?;
-    Some(serde_json::json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
-        "kind": "TrainingPlan",
-        "name": name,
-        "uid": uid,
-        "controller": true,
-    }))
 }
 
 #[cfg(test)]

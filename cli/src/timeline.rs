@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::{CliError, Common, plan};
-use crate::projection::{Timeline, timeline};
-use crate::schedule::PassKind;
+use primus_oracle::projection::{Timeline, timeline};
+use primus_oracle::schedule::PassKind;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{CliError, Common, Output, plan, print_json};
-use crate::calibrate::{CalibratedTimer, Coverage, coverage, parse_report};
-use crate::projection::{Projection, project, project_with};
+use primus_oracle::calibrate::{CalibratedTimer, Coverage, coverage, parse_report};
+use primus_oracle::projection::{Projection, project, project_with};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -29,7 +29,7 @@ pub struct Args {
 /// Read a report file and build the calibrated timer of a scenario; errors name the option.
 pub fn load_calibration(
     path: &Path,
-    s: &crate::plan::Scenario,
+    s: &primus_oracle::plan::Scenario,
 ) -> Result<CalibratedTimer, CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Input(format!("--calibration: {}: {e}", path.display())))?;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::{CliError, Common, Output, catalog, print_json};
-use crate::validate::{Metric, Report, RowStatus, validate_file};
+use primus_oracle::validate::{Metric, Report, RowStatus, validate_file};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -5,7 +5,7 @@ use assert_cmd::Command;
 use serde_json::Value;
 
 fn primus() -> Command {
-    Command::cargo_bin("primus").expect("primus binary (feature cli)")
+    Command::cargo_bin("primus").expect("primus binary")
 }
 
 fn example(name: &str) -> String {
@@ -290,11 +290,7 @@ fn bad_plans_exit_2_with_one_line_naming_the_field() {
         ("  parallelism: {tp: 16}\n", "spec.parallelism.tp"),
         (
             "  tuning: {searcher: agent}\n",
-            if cfg!(feature = "agent") {
-                "spec.tuning.agent.endpoint"
-            } else {
-                "spec.tuning.searcher"
-            },
+            "spec.tuning.agent.endpoint",
         ),
     ];
     for (extra, field) in cases {
