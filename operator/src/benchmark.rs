@@ -129,7 +129,7 @@ pub fn pod(
         (COMPONENT_LABEL.to_string(), COMPONENT.to_string()),
         ("app.kubernetes.io/name".to_string(), "primus".to_string()),
         (
-            "app.kubernetes.io/managed-by".to_string(),
+            primus_crds::annotations::MANAGED_BY.to_string(),
             crate::CONTROLLER.to_string(),
         ),
         (KEY_LABEL.to_string(), key_hash),

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::watcher;
+use primus_crds::annotations::MANAGED_BY;
 use primus_crds::{BenchmarkReport, TrainingPlan};
 use primus_operator::benchmark::{COMPONENT, COMPONENT_LABEL};
 use primus_operator::http::Health;
@@ -365,7 +366,7 @@ async fn build_controller(
     let pods: Api<Pod> = api(client, namespace);
     let reports: Api<BenchmarkReport> = api(client, namespace);
     let pod_selector = format!(
-        "{COMPONENT_LABEL}={COMPONENT},app.kubernetes.io/managed-by={}",
+        "{COMPONENT_LABEL}={COMPONENT},{MANAGED_BY}={}",
         primus_operator::CONTROLLER
     );
     let mut c = Controller::new(plans, watcher::Config::default().any_semantic())

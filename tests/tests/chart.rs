@@ -122,7 +122,10 @@ fn the_values_schema_rejects_bad_values_naming_them() {
             ],
             "webhook.tls.secret.caBundle",
         ),
-        (&["--set", "webhook.budgetSeconds=5"], "webhook.budgetSeconds"),
+        (
+            &["--set", "webhook.budgetSeconds=5"],
+            "webhook.budgetSeconds",
+        ),
         (
             &["--set", "operator.leaderElection.enabled=false"],
             "operator.leaderElection.enabled",
