@@ -5,22 +5,21 @@
 //! `primus bench --plan NS/NAME --backend B --report-to NS/REPORT`: the plan is read from the
 //! API and the results are written as a `BenchmarkReport` owned by the plan. The GPU backends
 //! (`rocm`, `cuda`, crate `primus-bench`) are built with the cargo features of the same names;
-//! without the feature, or without a GPU, they fail with one clear line. `--compare` prints the measurements against
-//! the analytic model (achieved GEMM TFLOP/s, collective bus bandwidth).
+//! without the feature, or without a GPU, they fail with one clear line. `--compare` prints the
+//! measurements against the analytic model (achieved GEMM TFLOP/s, collective bus bandwidth).
 
 use std::path::PathBuf;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use primus_crds::annotations::{BENCH_MANAGER, MANAGED_BY, PLAN_LABEL};
+use primus_crds::{BenchmarkReport, BenchmarkReportSpec, TrainingPlan};
 use primus_oracle::bench::measure::{self, Protocol, Provenance};
 use primus_oracle::bench::simulate::SimulatedDevice;
 use primus_oracle::calibrate::Calibration;
 use primus_oracle::hardware::Vendor;
 use primus_oracle::plan::{Plan, parse_plan, parse_yaml_value};
 use primus_oracle::report::{Backend, BenchmarkResults};
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::Resource;
-use primus_crds::annotations::{BENCH_MANAGER, MANAGED_BY, PLAN_LABEL};
-use primus_crds::{BenchmarkReport, BenchmarkReportSpec, TrainingPlan};
 
 use super::{CliError, Common, catalog};
 
@@ -455,4 +454,71 @@ async fn post_async(
         results.node
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use primus_oracle::profiles::Catalog;
+
+    fn plan(name: &str) -> Plan {
+        let text = format!(
+            "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata: {{name: {name}}}\nspec:\n  model: {{preset: llama3.1-8b}}\n  cluster: {{gpu: h100-sxm, gpus: 8}}\n  training: {{seqLength: 4096, globalBatchSize: 32}}\n"
+        );
+        parse_plan(&text, "p.yaml", &Catalog::builtin().unwrap()).unwrap()
+    }
+
+    fn has_null(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Null => true,
+            serde_json::Value::Array(a) => a.iter().any(has_null),
+            serde_json::Value::Object(m) => m.values().any(has_null),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn the_report_is_labelled_owned_and_free_of_nulls() {
+        let p = plan("p");
+        let results = primus_oracle::bench::simulate::simulate(&p, Provenance::default());
+        let mut owner_plan = TrainingPlan::new(
+            "p",
+            serde_json::from_value(serde_json::json!({
+                "model": {"preset": "llama3.1-8b"},
+                "cluster": {"gpu": "h100-sxm", "gpus": 8},
+                "training": {"seqLength": 4096, "globalBatchSize": 32},
+            }))
+            .unwrap(),
+        );
+        owner_plan.metadata.uid = Some("uid-1".into());
+        let owner = plan_owner_reference(&owner_plan);
+        let body = report_body("ns", "p-bench-1", &p, owner, &results).unwrap();
+        assert_eq!(body["apiVersion"], "primus.dev/v1alpha1");
+        assert_eq!(body["kind"], "BenchmarkReport");
+        assert_eq!(body["metadata"]["namespace"], "ns");
+        assert_eq!(body["metadata"]["labels"]["primus.dev/plan"], "p");
+        assert_eq!(
+            body["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "primus"
+        );
+        let refs = &body["metadata"]["ownerReferences"];
+        assert_eq!(refs[0]["kind"], "TrainingPlan");
+        assert_eq!(refs[0]["uid"], "uid-1");
+        assert_eq!(refs[0]["controller"], true);
+        // No blockOwnerDeletion: that would need update on the plan's finalizers (chart RBAC).
+        assert!(refs[0].get("blockOwnerDeletion").is_none());
+        assert_eq!(body["spec"]["plan"], "p");
+        assert!(!has_null(&body), "{body}");
+    }
+
+    #[test]
+    fn a_plan_name_longer_than_a_label_value_is_not_a_label() {
+        let long = "p".repeat(64);
+        let p = plan(&long);
+        let results = primus_oracle::bench::simulate::simulate(&p, Provenance::default());
+        let body = report_body("ns", "r", &p, None, &results).unwrap();
+        assert!(body["metadata"].get("labels").is_none(), "{body}");
+        assert!(body["metadata"].get("ownerReferences").is_none());
+        assert_eq!(body["spec"]["plan"], long.as_str());
+    }
 }
