@@ -16,7 +16,7 @@ ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
 
 FROM docker.io/library/rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
-# Extra cargo features, e.g. "primus-oracle/cuda" for a CUDA benchmark image (cudarc loads the
+# Extra cargo features, e.g. "primus-cli/cuda" for a CUDA benchmark image (cudarc loads the
 # CUDA libraries at run time, so it builds without them).
 ARG PRIMUS_FEATURES=""
 ENV CARGO_TERM_COLOR=never \
@@ -32,7 +32,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked \
-        -p primus-oracle -p primus-operator -p primus-webhook \
+        -p primus-cli -p primus-operator -p primus-webhook \
         --bin primus --bin primus-operator --bin primus-webhook \
         ${PRIMUS_FEATURES:+--features "$PRIMUS_FEATURES"} \
  && mkdir -p /out \

@@ -61,7 +61,7 @@ set -e
 
 step "GPU backends without a GPU: one clear error line, no panic"
 set +e
-cargo test -p primus-oracle --features cuda,rocm --locked --lib --test cli_bench 2>&1 | tee -a "$log"
+cargo test -p primus-bench -p primus-cli --features primus-cli/cuda,primus-cli/rocm --locked --lib --test cli_bench 2>&1 | tee -a "$log"
 gpu_rc=${PIPESTATUS[0]}
 set -e
 [[ $gpu_rc -eq 0 ]] || rc=$gpu_rc

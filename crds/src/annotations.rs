@@ -15,3 +15,13 @@ pub const SKIP_VALIDATION: &str = "primus.dev/skip-validation";
 pub const OPERATOR_MANAGER: &str = "primus-operator";
 /// Field manager of `primus report`.
 pub const REPORT_MANAGER: &str = "primus-report";
+/// Field manager of `primus bench --report-to` (the BenchmarkReports it applies).
+pub const BENCH_MANAGER: &str = "primus-bench";
+/// Field manager of the webhook's server-side applies (the caBundle of its configuration).
+pub const WEBHOOK_MANAGER: &str = "primus-webhook";
+
+/// Label naming the TrainingPlan an object belongs to (benchmark pods, BenchmarkReports): the
+/// same key as the job annotation [`PLAN`].
+pub const PLAN_LABEL: &str = PLAN;
+/// The well-known label naming the tool that manages an object.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";

@@ -31,7 +31,7 @@ use crate::error::{Error, is_conflict};
 use crate::kubeapi::{call, controlled_by, owner_reference, plan_label_value};
 
 /// Label on benchmark pods (and the PyTorchJob's kind of objects): the plan.
-pub const PLAN_LABEL: &str = primus_crds::annotations::PLAN;
+pub use primus_crds::annotations::PLAN_LABEL;
 /// Label selecting benchmark pods.
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 pub const COMPONENT: &str = "benchmark";
@@ -129,7 +129,7 @@ pub fn pod(
         (COMPONENT_LABEL.to_string(), COMPONENT.to_string()),
         ("app.kubernetes.io/name".to_string(), "primus".to_string()),
         (
-            "app.kubernetes.io/managed-by".to_string(),
+            primus_crds::annotations::MANAGED_BY.to_string(),
             crate::CONTROLLER.to_string(),
         ),
         (KEY_LABEL.to_string(), key_hash),

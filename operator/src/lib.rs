@@ -24,13 +24,8 @@ pub mod status;
 pub use context::{Config, Context};
 pub use error::Error;
 
-/// Name of this controller in Events and logs.
-pub const CONTROLLER: &str = "primus-operator";
+/// Name of this controller in Events and logs (and its field manager).
+pub const CONTROLLER: &str = primus_crds::annotations::OPERATOR_MANAGER;
 
 /// Install rustls' ring provider once (the project's single TLS stack).
-pub fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use primus_runtime::tls::install_ring_provider as install_crypto_provider;

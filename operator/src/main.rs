@@ -1,7 +1,7 @@
 //! `primus-operator`: the TrainingPlan controller. Flags are listed by `--help`; every flag
-//! also reads an environment variable (`PRIMUS_*`, `POD_NAME`, `POD_NAMESPACE`).
+//! also reads an environment variable (`PRIMUS_*`, `POD_NAME`, `POD_NAMESPACE`); durations are
+//! `--*-seconds`, fractions allowed.
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::watcher;
+use primus_crds::annotations::MANAGED_BY;
 use primus_crds::{BenchmarkReport, TrainingPlan};
 use primus_operator::benchmark::{COMPONENT, COMPONENT_LABEL};
 use primus_operator::http::Health;
@@ -24,16 +25,10 @@ use primus_operator::metrics::Metrics;
 use primus_operator::{Config, Context, job, reconcile};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::Backend;
+use primus_runtime::flags::seconds;
+use primus_runtime::logging::{self, LogFormat};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    /// JSON when stderr is not a terminal, human-readable otherwise.
-    Auto,
-    Json,
-    Text,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendArg {
@@ -73,64 +68,39 @@ struct Args {
     #[arg(long, env = "POD_NAMESPACE")]
     lease_namespace: Option<String>,
     /// Seconds a Lease is valid without renewal.
-    #[arg(long, default_value_t = 15.0)]
-    lease_duration_seconds: f64,
+    #[arg(long, env = "PRIMUS_LEASE_DURATION_SECONDS", value_name = "SECONDS", default_value = "15", value_parser = seconds)]
+    lease_duration_seconds: Duration,
     /// Seconds a leader keeps trying to renew before it steps down (less than the duration).
-    #[arg(long, default_value_t = 10.0)]
-    renew_deadline_seconds: f64,
+    #[arg(long, env = "PRIMUS_RENEW_DEADLINE_SECONDS", value_name = "SECONDS", default_value = "10", value_parser = seconds)]
+    renew_deadline_seconds: Duration,
     /// Seconds between leader-election attempts.
-    #[arg(long, default_value_t = 2.0)]
-    retry_period_seconds: f64,
+    #[arg(long, env = "PRIMUS_RETRY_PERIOD_SECONDS", value_name = "SECONDS", default_value = "2", value_parser = seconds)]
+    retry_period_seconds: Duration,
     /// This replica's identity in the Lease (default: POD_NAME, else host name and pid).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// Plans reconciled at the same time.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, env = "PRIMUS_CONCURRENCY", default_value_t = 4)]
     concurrency: u16,
-    /// Seconds between passes over a Ready plan (watches trigger the rest).
-    #[arg(long, default_value_t = 600)]
-    resync_seconds: u64,
-    /// Seconds between Prometheus drift queries of a plan.
-    #[arg(long, default_value_t = 60)]
-    drift_interval_seconds: u64,
+    /// Seconds between passes over a Ready plan (watches trigger the rest; at least 1).
+    #[arg(long, env = "PRIMUS_RESYNC_SECONDS", value_name = "SECONDS", default_value = "600", value_parser = seconds)]
+    resync_seconds: Duration,
+    /// Seconds between Prometheus drift queries of a plan (at least 1).
+    #[arg(long, env = "PRIMUS_DRIFT_INTERVAL_SECONDS", value_name = "SECONDS", default_value = "60", value_parser = seconds)]
+    drift_interval_seconds: Duration,
     /// Seconds past a benchmark's `timeoutSeconds` before a pod that never finished (e.g. no
     /// node took it) counts as a failed attempt.
-    #[arg(long, default_value_t = 30.0)]
-    bench_grace_seconds: f64,
+    #[arg(long, env = "PRIMUS_BENCH_GRACE_SECONDS", value_name = "SECONDS", default_value = "30", value_parser = seconds)]
+    bench_grace_seconds: Duration,
     /// Extra profiles directory (models/ and hardware/ YAML files).
     #[arg(long, env = "PRIMUS_PROFILES_DIR")]
     profiles_dir: Option<PathBuf>,
     /// Seconds to finish in-flight work on SIGTERM before exiting anyway.
-    #[arg(long, default_value_t = 5.0)]
-    shutdown_timeout_seconds: f64,
+    #[arg(long, env = "PRIMUS_SHUTDOWN_TIMEOUT_SECONDS", value_name = "SECONDS", default_value = "5", value_parser = seconds)]
+    shutdown_timeout_seconds: Duration,
     /// Log format.
     #[arg(long, env = "PRIMUS_LOG_FORMAT", value_enum, default_value = "auto")]
     log_format: LogFormat,
-}
-
-fn secs(s: f64, flag: &str) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(s)
-        .with_context(|| format!("--{flag}: {s} is not a duration in seconds"))
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn")
-    });
-    let json = match format {
-        LogFormat::Json => true,
-        LogFormat::Text => false,
-        LogFormat::Auto => !std::io::stderr().is_terminal(),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
 }
 
 fn default_identity() -> String {
@@ -154,7 +124,7 @@ async fn until_true(mut rx: watch::Receiver<bool>) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_format);
+    logging::init(args.log_format, "info,kube_runtime=warn,kube_client=warn");
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -178,8 +148,8 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    primus_operator::install_crypto_provider();
-    let shutdown_timeout = secs(args.shutdown_timeout_seconds, "shutdown-timeout-seconds")?;
+    primus_runtime::tls::install_ring_provider();
+    let shutdown_timeout = args.shutdown_timeout_seconds;
 
     // SIGTERM / SIGINT -> stop.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -252,9 +222,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             BackendArg::Cuda => Backend::Cuda,
             BackendArg::Simulate => Backend::Simulate,
         }),
-        resync: Duration::from_secs(args.resync_seconds.max(1)),
-        drift_interval: Duration::from_secs(args.drift_interval_seconds.max(1)),
-        bench_grace: secs(args.bench_grace_seconds, "bench-grace-seconds")?,
+        resync: args.resync_seconds.max(Duration::from_secs(1)),
+        drift_interval: args.drift_interval_seconds.max(Duration::from_secs(1)),
+        bench_grace: args.bench_grace_seconds,
     };
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -277,9 +247,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             lease_name: args.lease_name.clone(),
             namespace: lease_namespace,
             identity: identity.clone(),
-            lease_duration: secs(args.lease_duration_seconds, "lease-duration-seconds")?,
-            renew_deadline: secs(args.renew_deadline_seconds, "renew-deadline-seconds")?,
-            retry_period: secs(args.retry_period_seconds, "retry-period-seconds")?,
+            lease_duration: args.lease_duration_seconds,
+            renew_deadline: args.renew_deadline_seconds,
+            retry_period: args.retry_period_seconds,
         };
         let mut e = Elector::new(client.clone(), settings);
         let mut stop = stop_rx.clone();
@@ -396,7 +366,7 @@ async fn build_controller(
     let pods: Api<Pod> = api(client, namespace);
     let reports: Api<BenchmarkReport> = api(client, namespace);
     let pod_selector = format!(
-        "{COMPONENT_LABEL}={COMPONENT},app.kubernetes.io/managed-by={}",
+        "{COMPONENT_LABEL}={COMPONENT},{MANAGED_BY}={}",
         primus_operator::CONTROLLER
     );
     let mut c = Controller::new(plans, watcher::Config::default().any_semantic())

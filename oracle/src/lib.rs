@@ -12,6 +12,13 @@
 //! them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
 //! `compute`, `memory`, `schedule`, `projection`), `report` and, on top, `bench`,
 //! `calibrate`, `megatron`, `validate` and `tune`.
+//!
+//! Everything that touches the outside world lives in the crates around it: the `primus`
+//! command line (`primus-cli`), the GPU benchmark backends (`primus-bench`), the Kubernetes
+//! types (`primus-crds`), the operator and the webhook. They depend on this crate, never the
+//! reverse; `tests/tests/oracle_deps.rs` keeps its dependency list pure.
+
+#![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod calibrate;
@@ -36,6 +43,3 @@ pub mod units;
 pub mod validate;
 
 pub use error::{FieldError, PlanError};
-
-#[cfg(feature = "cli")]
-pub mod cli;

@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -139,12 +138,7 @@ impl Drop for TestNamespace {
 }
 
 /// Install rustls' ring provider once (the project's single TLS stack).
-pub fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use primus_runtime::tls::install_ring_provider as install_crypto_provider;
 
 /// Get the test bed or skip the test: `let Some(tb) = primus_tests::testbed!() else { return };`
 /// Skipping is loud, and only allowed outside the README's test command.

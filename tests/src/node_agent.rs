@@ -91,7 +91,7 @@ pub fn binary(name: &str) -> PathBuf {
         "{} is missing: build it first (`cargo build -p {} --bin {name}`, or run `cargo test --workspace`)",
         path.display(),
         match name {
-            "primus" => "primus-oracle",
+            "primus" => "primus-cli",
             other => other,
         }
     );

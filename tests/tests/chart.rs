@@ -122,7 +122,10 @@ fn the_values_schema_rejects_bad_values_naming_them() {
             ],
             "webhook.tls.secret.caBundle",
         ),
-        (&["--set", "webhook.budgetMs=5000"], "webhook.budgetMs"),
+        (
+            &["--set", "webhook.budgetSeconds=5"],
+            "webhook.budgetSeconds",
+        ),
         (
             &["--set", "operator.leaderElection.enabled=false"],
             "operator.leaderElection.enabled",
@@ -142,6 +145,12 @@ fn the_values_schema_rejects_bad_values_naming_them() {
         &["--set", "webhook.headroom=0.85"][..],
         &["--set", "metrics.prometheusRule.driftTolerance=0.2"],
         &["--set", "webhook.tls.mode=selfSigned"],
+        &[
+            "--set",
+            "webhook.budgetSeconds=1.5",
+            "--set",
+            "webhook.suggestBudgetSeconds=0.5",
+        ],
         &[
             "--set",
             "operator.replicas=1",
@@ -310,7 +319,7 @@ fn image_recipes_build_what_the_chart_runs() {
     let dockerfile = repo_file("Dockerfile");
     let rocm = repo_file("Dockerfile.rocm");
     let ignore = repo_file(".dockerignore");
-    let manifests: String = ["oracle", "operator", "webhook"]
+    let manifests: String = ["cli", "operator", "webhook"]
         .iter()
         .map(|c| repo_file(format!("{c}/Cargo.toml")))
         .collect();
@@ -372,10 +381,10 @@ fn image_recipes_build_what_the_chart_runs() {
     let workspace = rust_version(&repo_file("Cargo.toml"), "rust-version");
     assert!(rust_version(&dockerfile, "ARG RUST_VERSION") >= workspace);
     assert!(rust_version(&rocm, "ARG RUST_VERSION") >= workspace);
-    // The ROCm variant: the oracle's rocm feature, hip-sys' HIP_PATH.
+    // The ROCm variant: the CLI's rocm feature, hip-sys' HIP_PATH.
     assert!(
-        repo_file("oracle/Cargo.toml").contains("\nrocm = ["),
-        "oracle has no rocm feature"
+        repo_file("cli/Cargo.toml").contains("\nrocm = ["),
+        "primus-cli has no rocm feature"
     );
     assert!(rocm.contains("--features rocm") && rocm.contains("HIP_PATH=/opt/rocm"));
     // The build context keeps what cargo and oracle/build.rs read.
@@ -384,6 +393,9 @@ fn image_recipes_build_what_the_chart_runs() {
         "Cargo.lock",
         "Cargo.toml",
         "oracle",
+        "runtime",
+        "bench",
+        "cli",
         "crds",
         "operator",
         "webhook",

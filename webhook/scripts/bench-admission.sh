@@ -31,7 +31,7 @@ for m in ${MANIFESTS:-fitting-pytorchjob oom-pytorchjob near-limit-pytorchjob}; 
   # shellcheck disable=SC2086
   ${PRIO:-} "$T/admission-load" --url "https://127.0.0.1:$PORT/validate/pytorchjob" \
     --ca "$D/certs/ca.crt" --manifest "webhook/examples/$m.yaml" --rate "${RATE:-500}" \
-    --duration "${DUR:-20}" --warmup 2 --connections "${CONNS:-8}" --pid "$PID" || rc=1
+    --duration-seconds "${DUR:-20}" --warmup-seconds 2 --connections "${CONNS:-8}" --pid "$PID" || rc=1
 done
 echo "== server-side handler time (primus_webhook_admission_duration_seconds)"
 curl -s --cacert "$D/certs/ca.crt" "https://127.0.0.1:$PORT/metrics" |

@@ -35,7 +35,7 @@ impl Endpoint {
     fn group(self) -> &'static str {
         match self {
             Endpoint::PyTorchJob { .. } => "kubeflow.org",
-            Endpoint::TrainingPlan => "primus.dev",
+            Endpoint::TrainingPlan => primus_crds::GROUP,
         }
     }
 }

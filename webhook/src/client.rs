@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::tls::provider;
+use primus_runtime::tls::ring_provider as provider;
 
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,5 @@
 //! `primus-webhook`: the validating admission webhook server.
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,26 +7,23 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use primus_oracle::profiles::Catalog;
+use primus_runtime::flags::{positive_seconds, seconds};
+use primus_runtime::logging::{self, LogFormat};
 use primus_webhook::metrics::Metrics;
 use primus_webhook::server::{self, State};
 use primus_webhook::tls::{self, CertFiles, CertStore};
 use primus_webhook::validate::{Settings, Validator};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// JSON when stderr is not a terminal, human-readable otherwise.
-    Auto,
-    Json,
-    Text,
-}
 
 /// Validating admission webhook: denies PyTorchJobs whose parallel layout the memory model
 /// predicts will run out of GPU memory, and checks TrainingPlans.
 ///
 /// Endpoints (HTTPS): POST /validate/pytorchjob, /validate/pytorchjob/strict,
 /// /validate/trainingplan; GET /healthz, /readyz, /metrics.
+///
+/// Every flag also reads an environment variable (`PRIMUS_WEBHOOK_*`, `POD_NAMESPACE`);
+/// durations are `--*-seconds`, fractions allowed.
 #[derive(Debug, Parser)]
 #[command(name = "primus-webhook", version)]
 struct Args {
@@ -54,10 +50,13 @@ struct Args {
     /// Seconds between checks of the certificate files for changes.
     #[arg(
         long,
-        env = "PRIMUS_WEBHOOK_CERT_RELOAD_INTERVAL",
-        default_value_t = 10.0
+        visible_alias = "cert-reload-interval",
+        env = "PRIMUS_WEBHOOK_CERT_RELOAD_INTERVAL_SECONDS",
+        value_name = "SECONDS",
+        default_value = "10",
+        value_parser = positive_seconds
     )]
-    cert_reload_interval: f64,
+    cert_reload_interval_seconds: Duration,
 
     /// Generate a CA and a serving certificate at start-up instead of reading files (the CA
     /// goes into --webhook-configuration's caBundle). One replica only: every replica makes
@@ -66,8 +65,14 @@ struct Args {
     self_signed: bool,
 
     /// Extra subject alternative names (DNS names or IP addresses) of the self-signed
-    /// certificate; localhost, 127.0.0.1 and the service's DNS names are always in it.
-    #[arg(long = "self-signed-san", value_name = "NAME")]
+    /// certificate; localhost, 127.0.0.1 and the service's DNS names are always in it
+    /// (repeat the flag, or separate them with commas in the variable).
+    #[arg(
+        long = "self-signed-san",
+        env = "PRIMUS_WEBHOOK_SELF_SIGNED_SANS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
     self_signed_sans: Vec<String>,
 
     /// Name of the Service in front of the webhook (its DNS names go into the self-signed
@@ -90,8 +95,15 @@ struct Args {
     webhook_configuration: Option<String>,
 
     /// Seconds between re-checks of the caBundle in self-signed mode.
-    #[arg(long, default_value_t = 60.0)]
-    ca_bundle_resync: f64,
+    #[arg(
+        long,
+        visible_alias = "ca-bundle-resync",
+        env = "PRIMUS_WEBHOOK_CA_BUNDLE_RESYNC_SECONDS",
+        value_name = "SECONDS",
+        default_value = "60",
+        value_parser = positive_seconds
+    )]
+    ca_bundle_resync_seconds: Duration,
 
     /// Deny PyTorchJobs whose model, GPU, training settings or world size cannot be derived
     /// (default: allow them with a warning). Per namespace, route to /validate/pytorchjob/strict.
@@ -107,20 +119,32 @@ struct Args {
     profiles_dir: Option<PathBuf>,
 
     /// Largest request body accepted, bytes (HTTP 413 above).
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, env = "PRIMUS_WEBHOOK_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     max_body_bytes: u64,
 
-    /// Time budget of one admission review, milliseconds (keep it well under the
-    /// configuration's timeoutSeconds).
-    #[arg(long, default_value_t = 2000)]
-    budget_ms: u64,
+    /// Time budget of one admission review, seconds (keep it well under the configuration's
+    /// timeoutSeconds).
+    #[arg(
+        long,
+        env = "PRIMUS_WEBHOOK_BUDGET_SECONDS",
+        value_name = "SECONDS",
+        default_value = "2",
+        value_parser = positive_seconds
+    )]
+    budget_seconds: Duration,
 
-    /// Time the nearest-layout search of a denial may take, milliseconds.
-    #[arg(long, default_value_t = 250)]
-    suggest_budget_ms: u64,
+    /// Time the nearest-layout search of a denial may take, seconds.
+    #[arg(
+        long,
+        env = "PRIMUS_WEBHOOK_SUGGEST_BUDGET_SECONDS",
+        value_name = "SECONDS",
+        default_value = "0.25",
+        value_parser = seconds
+    )]
+    suggest_budget_seconds: Duration,
 
     /// Layouts suggested in a denial.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "PRIMUS_WEBHOOK_MAX_SUGGESTIONS", default_value_t = 3)]
     max_suggestions: usize,
 
     /// Also serve /metrics, /healthz and /readyz over plain HTTP on this address.
@@ -128,42 +152,36 @@ struct Args {
     metrics_listen: Option<SocketAddr>,
 
     /// Seconds open connections get to finish after SIGTERM.
-    #[arg(long, default_value_t = 10.0)]
-    shutdown_grace: f64,
+    #[arg(
+        long,
+        visible_alias = "shutdown-grace",
+        env = "PRIMUS_WEBHOOK_SHUTDOWN_GRACE_SECONDS",
+        value_name = "SECONDS",
+        default_value = "10",
+        value_parser = positive_seconds
+    )]
+    shutdown_grace_seconds: Duration,
 
     /// Seconds to keep serving after SIGTERM with /readyz failing, so endpoints stop routing
     /// here before the listener closes (a few seconds in a cluster).
-    #[arg(long, env = "PRIMUS_WEBHOOK_SHUTDOWN_DELAY", default_value_t = 0.0)]
-    shutdown_delay: f64,
+    #[arg(
+        long,
+        visible_alias = "shutdown-delay",
+        env = "PRIMUS_WEBHOOK_SHUTDOWN_DELAY_SECONDS",
+        value_name = "SECONDS",
+        default_value = "0",
+        value_parser = seconds
+    )]
+    shutdown_delay_seconds: Duration,
 
     /// Log format (level from RUST_LOG, default info).
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(
+        long,
+        env = "PRIMUS_WEBHOOK_LOG_FORMAT",
+        value_enum,
+        default_value = "auto"
+    )]
     log_format: LogFormat,
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let json = match format {
-        LogFormat::Json => true,
-        LogFormat::Text => false,
-        LogFormat::Auto => !std::io::stderr().is_terminal(),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-}
-
-fn seconds(v: f64, flag: &str) -> Result<Duration> {
-    if !(v.is_finite() && v > 0.0) {
-        bail!("--{flag}: must be a positive number of seconds, got {v}");
-    }
-    Ok(Duration::from_secs_f64(v))
 }
 
 async fn shutdown_signal() {
@@ -185,8 +203,8 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    init_logging(args.log_format);
-    tls::install_default_provider();
+    logging::init(args.log_format, "info");
+    primus_runtime::tls::install_ring_provider();
 
     if !(args.headroom > 0.0 && args.headroom <= 1.0) {
         bail!(
@@ -194,19 +212,10 @@ async fn main() -> Result<()> {
             args.headroom
         );
     }
-    let reload = seconds(args.cert_reload_interval, "cert-reload-interval")?;
-    let resync = seconds(args.ca_bundle_resync, "ca-bundle-resync")?;
-    let grace = seconds(args.shutdown_grace, "shutdown-grace")?;
-    if !(args.shutdown_delay.is_finite() && args.shutdown_delay >= 0.0) {
-        bail!(
-            "--shutdown-delay: must be a non-negative number of seconds, got {}",
-            args.shutdown_delay
-        );
-    }
-    let delay = Duration::from_secs_f64(args.shutdown_delay);
-    if args.budget_ms == 0 {
-        bail!("--budget-ms: must be greater than 0");
-    }
+    let reload = args.cert_reload_interval_seconds;
+    let resync = args.ca_bundle_resync_seconds;
+    let grace = args.shutdown_grace_seconds;
+    let delay = args.shutdown_delay_seconds;
 
     let mut catalog = Catalog::builtin().context("loading the built-in profiles")?;
     if let Some(dir) = &args.profiles_dir {
@@ -217,7 +226,7 @@ async fn main() -> Result<()> {
     let settings = Settings {
         headroom: args.headroom,
         strict: args.strict,
-        suggest_budget: Duration::from_millis(args.suggest_budget_ms),
+        suggest_budget: args.suggest_budget_seconds,
         max_suggestions: args.max_suggestions,
     };
     let metrics = Metrics::new().context("registering metrics")?;
@@ -226,7 +235,7 @@ async fn main() -> Result<()> {
         metrics: metrics.clone(),
         ready: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
-        budget: Duration::from_millis(args.budget_ms),
+        budget: args.budget_seconds,
     });
 
     let mut background = Vec::new();

@@ -5,13 +5,13 @@
 //! `caBundle` of the webhook's ValidatingWebhookConfiguration by server-side apply.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{Api, Patch, PatchParams};
-use rustls::crypto::CryptoProvider;
+use primus_runtime::tls::ring_provider as provider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -19,7 +19,7 @@ use rustls::sign::CertifiedKey;
 use crate::metrics::Metrics;
 
 /// Field manager of the webhook's server-side applies (the caBundle patch).
-pub const FIELD_MANAGER: &str = "primus-webhook";
+pub use primus_crds::annotations::WEBHOOK_MANAGER as FIELD_MANAGER;
 
 /// What can go wrong with certificates.
 #[derive(Debug, thiserror::Error)]
@@ -50,20 +50,6 @@ pub enum TlsError {
     },
     #[error("ValidatingWebhookConfiguration {name} has no webhooks to give a caBundle")]
     NoWebhooks { name: String },
-}
-
-/// The ring crypto provider.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Install ring as the process-wide default provider (once; later calls do nothing). kube's
-/// client and the server both use it.
-pub fn install_default_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
 }
 
 /// Parse PEM certificate chain and key into a key rustls can serve (and check they match).

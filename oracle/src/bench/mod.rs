@@ -1,23 +1,15 @@
 //! Single-node benchmarks: which layout a benchmark measures (the plan's layout shrunk to one
 //! node, [`downscale()`]), what it measures there and how samples become a report ([`measure`]),
-//! the key under which its results can be reused, and the backends: `simulate` produces a
+//! the key under which its results can be reused, and the `simulate` backend, which produces a
 //! [`BenchmarkResults`](crate::report::BenchmarkResults) from the analytic model when no GPU is
-//! there ([`simulate`]); `rocm` (feature `rocm`: HIP, hipBLASLt, RCCL) and `cuda` (feature
-//! `cuda`: CUDA, cuBLASLt, NCCL) measure on the node's GPUs.
+//! there ([`simulate`]). The GPU backends (`rocm`: HIP, hipBLASLt, RCCL; `cuda`: CUDA, cuBLASLt,
+//! NCCL) implement [`measure::Device`] in the `primus-bench` crate, outside this pure library.
 //!
 //! The operator and `primus bench` both call [`target_layout`] and [`shapes_key`], so the
 //! report a benchmark pod posts carries exactly the key the operator looks for.
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod downscale;
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-mod gpu;
-#[cfg(feature = "rocm")]
-mod hip_ffi;
 pub mod measure;
-#[cfg(feature = "rocm")]
-pub mod rocm;
 pub mod simulate;
 
 use crate::layout::Layout;

@@ -67,7 +67,7 @@ fn assert_same(component: &str, code: &BTreeSet<Perm>, chart: &BTreeSet<Perm>) {
 }
 
 fn components(root: &Path) -> Vec<(&'static str, Component<'_>)> {
-    let cli = root.join("oracle/src/cli");
+    let cli = root.join("cli/src");
     vec![
         (
             "operator",

@@ -52,7 +52,7 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
         "--tls-cert-file=/etc/primus-webhook/tls/tls.crt",
         "--metrics-listen=0.0.0.0:8081",
         "--headroom=0.92",
-        "--budget-ms=2000",
+        "--budget-seconds=2",
     ] {
         assert!(
             wh_args.iter().any(|x| x == a),

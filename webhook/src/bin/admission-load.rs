@@ -4,7 +4,8 @@
 //! cannot hide queueing), and the server's RSS and CPU time are read from /proc/PID.
 //!
 //!   admission-load --url https://127.0.0.1:8443/validate/pytorchjob --ca ca.crt \
-//!       --manifest webhook/examples/fitting-pytorchjob.yaml --rate 500 --duration 10 --pid PID
+//!       --manifest webhook/examples/fitting-pytorchjob.yaml --rate 500 --duration-seconds 10 \
+//!       --pid PID
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -47,11 +48,21 @@ struct Args {
     #[arg(long, default_value_t = 500.0)]
     rate: f64,
     /// Seconds of measured load.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "10",
+        value_parser = primus_runtime::flags::positive_seconds
+    )]
+    duration_seconds: Duration,
     /// Seconds of unmeasured load first.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value = "1",
+        value_parser = primus_runtime::flags::seconds
+    )]
+    warmup_seconds: Duration,
     /// Keep-alive connections.
     #[arg(long, default_value_t = 8)]
     connections: usize,
@@ -201,9 +212,9 @@ async fn worker(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    primus_webhook::tls::install_default_provider();
-    if !(args.rate > 0.0 && args.duration > 0.0 && args.warmup >= 0.0) {
-        bail!("--rate and --duration must be positive, --warmup non-negative");
+    primus_runtime::tls::install_ring_provider();
+    if !(args.rate.is_finite() && args.rate > 0.0) {
+        bail!("--rate must be a positive number of requests per second");
     }
     if args.connections == 0 {
         bail!("--connections must be at least 1");
@@ -263,8 +274,8 @@ async fn main() -> Result<()> {
 
     let cpu_before = args.pid.and_then(cpu_ticks);
     let period = Duration::from_secs_f64(1.0 / args.rate);
-    let warmup = Duration::from_secs_f64(args.warmup);
-    let total = warmup + Duration::from_secs_f64(args.duration);
+    let warmup = args.warmup_seconds;
+    let total = warmup + args.duration_seconds;
     let start = Instant::now();
     let rss_pid = args.pid;
     let rss_task = tokio::spawn(async move {

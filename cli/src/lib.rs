@@ -1,0 +1,103 @@
+//! The `primus` command line: argument types and one module per subcommand, over the pure
+//! oracle (`primus-oracle`). The edges live here: files and terminals, the Kubernetes API
+//! (`primus bench --plan/--report-to`, `primus report`, through `primus-crds`' types), the GPU
+//! backends (`primus-bench`, cargo features `rocm` and `cuda`) and the tuning agent's
+//! OpenAI-compatible HTTP client ([`agent`]).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use primus_oracle::error::PlanError;
+use primus_oracle::plan::{Plan, load_plan};
+use primus_oracle::profiles::Catalog;
+
+pub mod agent;
+pub mod bench;
+pub mod kube;
+pub mod memory;
+pub mod profiles;
+pub mod project;
+pub mod report;
+pub mod timeline;
+pub mod tune;
+pub mod validate;
+
+/// Output format of the reporting subcommands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum Output {
+    /// A human table.
+    #[default]
+    Table,
+    /// One JSON object (DESIGN.md section 4).
+    Json,
+}
+
+/// Options every subcommand that reads a plan shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    /// Extra profiles directory (with `models/` and `hardware/` subdirectories) whose YAML files
+    /// add to or override the built-in ones.
+    #[arg(long, env = "PRIMUS_PROFILES_DIR", global = true)]
+    pub profiles_dir: Option<PathBuf>,
+}
+
+/// How a subcommand failed: bad input (exit 2) or a failure while doing the work (exit 1).
+#[derive(Debug)]
+pub enum CliError {
+    /// The user's input is wrong: one line naming the field.
+    Input(String),
+    /// Something else went wrong.
+    Failed(String),
+}
+
+impl From<PlanError> for CliError {
+    fn from(e: PlanError) -> Self {
+        CliError::Input(e.to_string())
+    }
+}
+
+impl From<primus_oracle::error::FieldError> for CliError {
+    fn from(e: primus_oracle::error::FieldError) -> Self {
+        CliError::Input(e.to_string())
+    }
+}
+
+impl CliError {
+    /// Print the error as one line on stderr and return the exit code.
+    pub fn report(&self) -> ExitCode {
+        match self {
+            CliError::Input(m) => {
+                eprintln!("error: {m}");
+                ExitCode::from(2)
+            }
+            CliError::Failed(m) => {
+                eprintln!("error: {m}");
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// The built-in catalog plus the user's profiles directory.
+pub fn catalog(common: &Common) -> Result<Catalog, CliError> {
+    let mut c = Catalog::builtin()?;
+    if let Some(dir) = &common.profiles_dir {
+        c.load_dir(dir)?;
+    }
+    Ok(c)
+}
+
+/// Load and resolve a plan file.
+pub fn plan(common: &Common, path: &Path) -> Result<(Catalog, Plan), CliError> {
+    let c = catalog(common)?;
+    let p = load_plan(path, &c)?;
+    Ok((c, p))
+}
+
+/// Serialize to pretty JSON on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(value)
+        .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+    println!("{s}");
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! `primus memory -f PLAN [-o table|json]`: per-stage, per-GPU memory of the plan's layout.
+
+use std::path::PathBuf;
+
+use super::{CliError, Common, Output, plan, print_json};
+use primus_oracle::memory::{MemoryReport, estimate};
+use primus_oracle::units::gib;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// The TrainingPlan (YAML or JSON); its `spec.parallelism` is the layout to check.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+pub fn run(args: &Args) -> Result<(), CliError> {
+    let (_, p) = plan(&args.common, &args.file)?;
+    let layout = p.layout()?;
+    layout
+        .check(&p.scenario)
+        .map_err(|e| CliError::Input(e.to_string()))?;
+    let report = estimate(&p.scenario, layout);
+    match args.output {
+        Output::Json => print_json(&serde_json::json!({"layout": layout, "memory": report})),
+        Output::Table => {
+            let s = &p.scenario;
+            println!(
+                "{}: {} on {} x {} ({}), seq {}, global batch {}, {} micro-batches per step",
+                p.name,
+                if s.model.name.is_empty() {
+                    "model"
+                } else {
+                    &s.model.name
+                },
+                s.cluster.gpus,
+                s.hardware.name,
+                s.training.precision.as_str(),
+                s.training.seq_length,
+                s.training.global_batch_size,
+                layout.num_microbatches(s),
+            );
+            println!(
+                "layout: {} (dp {})",
+                layout.label(),
+                layout.dp(s.cluster.gpus).unwrap_or(0)
+            );
+            print!("{}", table(&report));
+            Ok(())
+        }
+    }
+}
+
+/// The human table: one row per stage in GiB, the bottleneck marked, then the verdict.
+pub fn table(r: &MemoryReport) -> String {
+    let mut out = format!(
+        "{:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}\n",
+        "STAGE", "LAYERS", "WEIGHTS", "GRADS", "OPTIM", "ACTIV", "OTHER", "TOTAL", "IN-FLIGHT"
+    );
+    for st in &r.stages {
+        let mark = if st.stage == r.bottleneck_stage {
+            "*"
+        } else {
+            " "
+        };
+        let mut layers = st.layers.to_string();
+        if st.mtp_layers > 0 {
+            layers.push_str(&format!("+{}m", st.mtp_layers));
+        }
+        out.push_str(&format!(
+            "{:>5}{} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9}\n",
+            st.stage,
+            mark,
+            layers,
+            gib(st.weights_bytes),
+            gib(st.gradients_bytes),
+            gib(st.optimizer_bytes),
+            gib(st.activations_bytes),
+            gib(st.other_bytes),
+            gib(st.total_bytes),
+            st.inflight_microbatches,
+        ));
+    }
+    out.push_str(&format!(
+        "GiB per GPU; * bottleneck stage {}. Capacity {:.2} GiB, usable {:.2} GiB (after the runtime reserve): peak {:.2} GiB {}, headroom {:.2} GiB\n",
+        r.bottleneck_stage,
+        gib(r.capacity_bytes),
+        gib(r.usable_bytes),
+        gib(r.peak_bytes),
+        if r.fits { "fits" } else { "DOES NOT FIT" },
+        gib(r.headroom_bytes),
+    ));
+    out
+}

@@ -1,0 +1,482 @@
+//! `primus tune -f PLAN [-o table|json] [--searcher ...] [--top K] [-q] [--emit pytorchjob]
+//! [--agent-endpoint URL --agent-model M --agent-api-key-env VAR --agent-timeout-seconds S]`:
+//! search the plan's layouts and report the best (DESIGN.md section 4), or print the best as a
+//! PyTorchJob.
+//!
+//! A progress bar (candidates/s, best so far) appears on stderr for searches longer than a
+//! second, unless `-q` is given or stderr is not a terminal.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{CliError, Common, Output, plan, print_json};
+use primus_oracle::compute::AnalyticTimer;
+use primus_oracle::parse::parse_yaml_value;
+use primus_oracle::plan::SearcherKind;
+use primus_oracle::tune::exhaustive::Exhaustive;
+use primus_oracle::tune::job::{JobOptions, pytorchjob};
+use primus_oracle::tune::{
+    Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune,
+};
+use primus_oracle::units::GIB;
+
+/// Searcher names on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SearcherArg {
+    Exhaustive,
+    Seed,
+    Evolutionary,
+    Agent,
+    None,
+}
+
+impl From<SearcherArg> for SearcherKind {
+    fn from(a: SearcherArg) -> SearcherKind {
+        match a {
+            SearcherArg::Exhaustive => SearcherKind::Exhaustive,
+            SearcherArg::Seed => SearcherKind::Seed,
+            SearcherArg::Evolutionary => SearcherKind::Evolutionary,
+            SearcherArg::Agent => SearcherKind::Agent,
+            SearcherArg::None => SearcherKind::None,
+        }
+    }
+}
+
+/// What `--emit` prints instead of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Emit {
+    /// A complete kubeflow.org/v1 PyTorchJob running the best layout (YAML; JSON with -o json).
+    Pytorchjob,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// The TrainingPlan (YAML or JSON).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    pub output: Output,
+    /// Search strategy (default: the plan's `spec.tuning.searcher`, else exhaustive).
+    #[arg(long, value_enum)]
+    pub searcher: Option<SearcherArg>,
+    /// How many of the best layouts to report (default: `spec.tuning.topK`, else 5).
+    #[arg(long)]
+    pub top: Option<usize>,
+    /// No progress bar and no summary on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Print the best layout as a Kubernetes object instead of the report.
+    #[arg(long, value_enum)]
+    pub emit: Option<Emit>,
+    /// Namespace of the emitted job.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Emit the job suspended (`spec.runPolicy.suspend: true`).
+    #[arg(long)]
+    pub suspend: bool,
+    /// Exhaustive search without pruning (every candidate examined; slower, same answer).
+    #[arg(long)]
+    pub no_prune: bool,
+    /// Score the candidates with an oracle calibrated by a benchmark report (as
+    /// `primus project --calibration`).
+    #[arg(long, value_name = "REPORT")]
+    pub calibration: Option<PathBuf>,
+    /// Seed of the evolutionary searcher.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Agent: OpenAI-compatible API base URL, e.g. http://localhost:8000/v1 (overrides
+    /// `spec.tuning.agent.endpoint`).
+    #[arg(long, env = "PRIMUS_AGENT_ENDPOINT")]
+    pub agent_endpoint: Option<String>,
+    /// Agent: model name sent with each request.
+    #[arg(long, env = "PRIMUS_AGENT_MODEL")]
+    pub agent_model: Option<String>,
+    /// Agent: environment variable holding the API key (sent as a bearer token).
+    #[arg(long, env = "PRIMUS_AGENT_API_KEY_ENV")]
+    pub agent_api_key_env: Option<String>,
+    /// Agent: proposal rounds (default 3).
+    #[arg(long, env = "PRIMUS_AGENT_ROUNDS")]
+    pub agent_rounds: Option<u32>,
+    /// Agent: seconds to wait for each reply (default 60, at least 1).
+    #[arg(
+        long,
+        env = "PRIMUS_AGENT_TIMEOUT_SECONDS",
+        value_name = "SECONDS",
+        value_parser = primus_runtime::flags::positive_seconds
+    )]
+    pub agent_timeout_seconds: Option<Duration>,
+}
+
+impl From<TuneError> for CliError {
+    fn from(e: TuneError) -> Self {
+        match e {
+            TuneError::Field(f) => CliError::Input(f.to_string()),
+            TuneError::Searcher(m) => CliError::Input(m),
+        }
+    }
+}
+
+/// `spec.job` and whether the model came from a preset, read from the raw plan file (the
+/// resolved plan keeps neither).
+fn raw_job_settings(path: &std::path::Path) -> Result<(Value, bool), CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+    let doc = parse_yaml_value(&text, &path.display().to_string())?;
+    let spec = doc.get("spec").cloned().unwrap_or(doc);
+    let preset = spec
+        .get("model")
+        .and_then(|m| m.get("preset"))
+        .is_some_and(|p| !p.is_null());
+    Ok((spec.get("job").cloned().unwrap_or(Value::Null), preset))
+}
+
+fn agent_searcher(
+    args: &Args,
+    plan: &primus_oracle::plan::Plan,
+) -> Result<Box<dyn Searcher>, CliError> {
+    use crate::agent::ChatCompletions;
+    use primus_oracle::tune::agent::AgentSearcher;
+    let spec = plan.tuning.agent.clone().unwrap_or_default();
+    let endpoint = args
+        .agent_endpoint
+        .clone()
+        .or(spec.endpoint)
+        .ok_or_else(|| {
+            CliError::Input(
+                "spec.tuning.agent.endpoint: missing: searcher agent needs an endpoint (or --agent-endpoint)"
+                    .into(),
+            )
+        })?;
+    let model = args.agent_model.clone().or(spec.model).ok_or_else(|| {
+        CliError::Input(
+            "spec.tuning.agent.model: missing: searcher agent needs a model name (or --agent-model)"
+                .into(),
+        )
+    })?;
+    let key = match args.agent_api_key_env.clone().or(spec.api_key_env) {
+        Some(var) => Some(std::env::var(&var).map_err(|_| {
+            CliError::Input(format!(
+                "spec.tuning.agent.apiKeyEnv: environment variable {var} is not set"
+            ))
+        })?),
+        None => None,
+    };
+    let timeout = args
+        .agent_timeout_seconds
+        .or(spec
+            .timeout_seconds
+            .map(|s| Duration::from_secs(u64::from(s))))
+        .unwrap_or(Duration::from_secs(60))
+        .max(Duration::from_secs(1));
+    let rounds = args.agent_rounds.or(spec.rounds).unwrap_or(3);
+    let proposer = ChatCompletions::new(&endpoint, &model, key, timeout)
+        .map_err(|e| CliError::Failed(format!("agent: {e}")))?;
+    Ok(Box::new(AgentSearcher::new(Box::new(proposer), rounds)))
+}
+
+/// A progress bar that appears once the search has run for a second.
+struct ProgressDisplay {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProgressDisplay {
+    fn start(progress: Arc<Progress>, enabled: bool) -> ProgressDisplay {
+        let done = Arc::new(AtomicBool::new(false));
+        if !enabled {
+            return ProgressDisplay { done, thread: None };
+        }
+        let flag = done.clone();
+        let thread = std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(1) {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let (.., total) = progress.snapshot();
+            let bar = indicatif::ProgressBar::new(total.max(1)).with_elapsed(start.elapsed());
+            let style = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:20} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            bar.set_style(style);
+            while !flag.load(Ordering::Relaxed) {
+                let (examined, _, best, done_units, total) = progress.snapshot();
+                bar.set_length(total.max(1));
+                bar.set_position(done_units);
+                let rate = examined as f64 / start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!(
+                    "{} candidates, {}/s, best {}",
+                    short(examined as f64),
+                    short(rate),
+                    best.map_or("-".into(), |b| format!("{b:.0} tok/s/GPU"))
+                ));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        ProgressDisplay {
+            done,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// 1234567 -> "1.2M".
+fn short(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn gib(b: f64) -> f64 {
+    b / GIB
+}
+
+/// The report as text.
+pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Scenario) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{name}: {} tune of {} on {} x {} ({}), seq {}, global batch {}",
+        r.searcher.as_str(),
+        if s.model.name.is_empty() {
+            "model"
+        } else {
+            &s.model.name
+        },
+        s.cluster.gpus,
+        s.hardware.name,
+        s.training.precision.as_str(),
+        s.training.seq_length,
+        s.training.global_batch_size,
+    );
+    let _ = writeln!(
+        out,
+        "{} evaluated, {} rejected by memory, {} by rules, {} pruned in {:.2} s ({:.0} candidates/s); memory headroom {:.0}%",
+        r.evaluated,
+        r.rejected_by_memory,
+        r.rejected_by_rules,
+        r.pruned,
+        r.seconds,
+        r.candidates_per_second,
+        r.memory_headroom * 100.0,
+    );
+    let _ = writeln!(
+        out,
+        "\n{:>3}  {:<52} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
+        "#", "LAYOUT", "TOK/S/GPU", "MFU", "PEAK GiB (PP)", "FREE GiB"
+    );
+    let row = |out: &mut String, tag: &str, c: &primus_oracle::tune::Candidate| {
+        let m = &c.projection.memory;
+        let _ = writeln!(
+            out,
+            "{:>3}  {:<52} {:>10.1} {:>5.1}% {:>9.1} ({:>2}) {:>9.1}  {} (bubble {:.0}%, exposed comm {:.0}%)",
+            tag,
+            c.label,
+            c.tokens_per_second(),
+            c.projection.mfu * 100.0,
+            gib(m.peak_bytes),
+            m.bottleneck_stage,
+            gib(m.headroom_bytes),
+            c.dominant,
+            c.projection.breakdown.bubble / c.projection.step_time_seconds.max(1e-12) * 100.0,
+            c.projection.breakdown.exposed_comm() / c.projection.step_time_seconds.max(1e-12)
+                * 100.0,
+        );
+    };
+    for (i, c) in r.top.iter().enumerate() {
+        row(&mut out, &(i + 1).to_string(), c);
+    }
+    if let Some(reference) = &r.reference {
+        row(&mut out, "ref", &reference.candidate);
+        if !reference.fits_with_headroom {
+            let _ = writeln!(
+                out,
+                "     (the reference does not fit within the memory headroom)"
+            );
+        }
+    }
+    if let Some(g) = r.gain_over_reference {
+        let _ = writeln!(
+            out,
+            "\ngain of the best over the reference: {:+.1}%",
+            g * 100.0
+        );
+    }
+    if !r.rejections.rules.is_empty() {
+        let _ = writeln!(out, "\nrejected by rules:");
+        for (k, v) in &r.rejections.rules {
+            let _ = writeln!(out, "  {k:<32} {v:>10}");
+        }
+    }
+    if !r.rejections.memory.is_empty() {
+        let _ = writeln!(out, "rejected by memory:");
+        for (k, v) in &r.rejections.memory {
+            let _ = writeln!(out, "  {k:<32} {v:>10}");
+        }
+    }
+    if let Some(a) = &r.agent {
+        let _ = writeln!(
+            out,
+            "\nagent: {} rounds, {} requests ({} failed), {} malformed replies, {} proposals: {} scored, {} repeated, {} malformed, {} outside the space, {} rejected by rules, {} by memory, {} improvements",
+            a.rounds,
+            a.requests,
+            a.failed_requests,
+            a.malformed_replies,
+            a.proposals,
+            a.scored,
+            a.repeated,
+            a.malformed_proposals,
+            a.outside_space,
+            a.rejected_by_rules,
+            a.rejected_by_memory,
+            a.improvements,
+        );
+    }
+    out
+}
+
+pub fn run(args: &Args) -> Result<(), CliError> {
+    let (_, p) = plan(&args.common, &args.file)?;
+    let kind: SearcherKind = args
+        .searcher
+        .map(SearcherKind::from)
+        .unwrap_or(p.tuning.searcher);
+    if kind == SearcherKind::None && p.layout.is_none() {
+        return Err(CliError::Input(
+            "spec.parallelism: missing: searcher none projects spec.parallelism as given".into(),
+        ));
+    }
+    if args.top == Some(0) {
+        return Err(CliError::Input("--top: must be greater than 0".into()));
+    }
+    let mut searcher: Option<Box<dyn Searcher>> = match kind {
+        SearcherKind::None => None,
+        SearcherKind::Exhaustive => Some(Box::new(Exhaustive {
+            prune: !args.no_prune,
+        })),
+        SearcherKind::Evolutionary => Some(Box::new(evolutionary::Evolutionary {
+            seed: args
+                .seed
+                .unwrap_or(evolutionary::Evolutionary::default().seed),
+            ..Default::default()
+        })),
+        SearcherKind::Agent => Some(agent_searcher(args, &p)?),
+        SearcherKind::Seed => Some(primus_oracle::tune::searcher(kind)?),
+    };
+    let (job_spec, preset) = if args.emit.is_some() {
+        raw_job_settings(&args.file)?
+    } else {
+        (Value::Null, true)
+    };
+
+    let calibrated = match &args.calibration {
+        Some(path) => Some(super::project::load_calibration(path, &p.scenario)?),
+        None => None,
+    };
+    let progress = Arc::new(Progress::new());
+    let show = !args.quiet && std::io::stderr().is_terminal();
+    let display = ProgressDisplay::start(progress.clone(), show);
+    let opts = TuneOptions {
+        timer: match &calibrated {
+            Some(t) => t,
+            None => &AnalyticTimer,
+        },
+        top_k: args.top,
+        progress: Some(&progress),
+    };
+    let result = match searcher.as_mut() {
+        Some(b) => tune(&p, Some(&mut **b), &opts),
+        None => tune(&p, None, &opts),
+    };
+    display.stop();
+    let result = result?;
+
+    let Some(best) = &result.best else {
+        if args.output == Output::Json && args.emit.is_none() {
+            print_json(&result)?;
+        }
+        return Err(CliError::Failed(format!(
+            "no layout is legal and fits in memory ({} rejected by rules, {} by memory at headroom {}); see spec.tuning.memoryHeadroom, fixed and allowed",
+            result.rejected_by_rules, result.rejected_by_memory, result.memory_headroom
+        )));
+    };
+
+    if let Some(Emit::Pytorchjob) = args.emit {
+        let template = job_spec.get("template").filter(|t| !t.is_null());
+        let opts = JobOptions {
+            name: job_spec
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            suspend: args.suspend
+                || job_spec
+                    .get("suspend")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            projected_tokens_per_second: Some(best.tokens_per_second()),
+            inline_model_card: !preset,
+        };
+        let job = pytorchjob(
+            &p.name,
+            args.namespace.as_deref(),
+            &p.scenario,
+            &best.layout,
+            template,
+            &opts,
+        )?;
+        match args.output {
+            Output::Json => print_json(&job)?,
+            Output::Table => {
+                let text = serde_saphyr::to_string(&job)
+                    .map_err(|e| CliError::Failed(format!("YAML output: {e}")))?;
+                print!("{text}");
+            }
+        }
+        if !args.quiet {
+            eprintln!(
+                "{}: {} ({:.1} tokens/s/GPU){}",
+                p.name,
+                best.label,
+                best.tokens_per_second(),
+                result
+                    .gain_over_reference
+                    .map_or(String::new(), |g| format!(
+                        ", {:+.1}% over the reference",
+                        g * 100.0
+                    ))
+            );
+        }
+        return Ok(());
+    }
+    match args.output {
+        Output::Json => print_json(&result),
+        Output::Table => {
+            print!("{}", report_table(&p.name, &result, &p.scenario));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! `primus validate FILE.csv [-o table|json] [--max-median-error PCT] [--max-error PCT]`:
+//! project every row of a published-measurements file and compare.
+
+use std::path::PathBuf;
+
+use super::{CliError, Common, Output, catalog, print_json};
+use primus_oracle::validate::{Metric, Report, RowStatus, validate_file};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// CSV file in the format of shared/validation/published.csv. Its `recompute` column
+    /// takes none, selective, full, or selective(MODULES) with Megatron's --recompute-modules
+    /// names joined by `+`, e.g. selective(layernorm+moe_act).
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t)]
+    pub output: Output,
+    /// Fail (exit 1) when the median absolute error exceeds this many percent.
+    #[arg(long, value_name = "PCT")]
+    pub max_median_error: Option<f64>,
+    /// Fail (exit 1) when any row's absolute error exceeds this many percent.
+    #[arg(long, value_name = "PCT")]
+    pub max_error: Option<f64>,
+    /// Fail (exit 1) when a row cannot be projected (unknown preset, illegal layout, bad field).
+    #[arg(long)]
+    pub strict: bool,
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|v| format!("{:+.1}%", v * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn num(v: Option<f64>, metric: Metric) -> String {
+    match (v, metric) {
+        (None, _) => "-".into(),
+        (Some(v), Metric::SecondsPerIteration) => format!("{v:.2} s"),
+        (Some(v), Metric::TokensPerSecondPerGpu) => format!("{v:.0}"),
+    }
+}
+
+/// A layout label with a long pipeline-layout string cut to its stage count.
+fn short_layout(label: &str) -> String {
+    label
+        .split(' ')
+        .map(|part| match part.strip_prefix("layout=") {
+            Some(pl) if pl.len() > 16 => format!("layout({} stages)", pl.split('|').count()),
+            _ => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The human table.
+pub fn table(r: &Report) -> String {
+    let mut out = format!(
+        "{:<5} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
+        "ID",
+        "MODEL",
+        "GPU",
+        "GPUS",
+        "LAYOUT",
+        "MEASURED",
+        "PROJECTED",
+        "ERROR",
+        "TF MEAS",
+        "TF PROJ",
+        "MFU",
+        "DOMINANT"
+    );
+    for row in &r.rows {
+        out.push_str(&format!(
+            "{:<5} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
+            row.id,
+            row.model,
+            row.gpu,
+            row.gpus,
+            short_layout(&row.layout),
+            num(row.measured, row.metric),
+            num(row.projected, row.metric),
+            pct(row.error),
+            row.measured_tflops_per_gpu
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            row.projected_tflops_per_gpu
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            row.mfu
+                .map(|v| format!("{:.1}%", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            row.dominant.clone().unwrap_or_default(),
+        ));
+        match &row.status {
+            RowStatus::Ok => {}
+            RowStatus::UnknownPreset(m) => {
+                out.push_str(&format!("      line {}: unknown preset: {m}\n", row.line))
+            }
+            RowStatus::IllegalLayout(m) => {
+                out.push_str(&format!("      line {}: illegal layout: {m}\n", row.line))
+            }
+            RowStatus::BadRow(m) => {
+                out.push_str(&format!("      line {}: bad row: {m}\n", row.line))
+            }
+        }
+        for n in &row.notes {
+            out.push_str(&format!("      note: {n}\n"));
+        }
+        if row.fits == Some(false) {
+            out.push_str("      note: the memory model says this published layout does not fit\n");
+        }
+    }
+    out.push_str(&format!(
+        "\n{} rows projected, {} not projected. |error|: median {}, mean {}, max {} (P rows: seconds per iteration; others: tokens/s/GPU)\n",
+        r.projected,
+        r.failed,
+        r.median_abs_error
+            .map(|v| format!("{:.1}%", v * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        r.mean_abs_error
+            .map(|v| format!("{:.1}%", v * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        r.max_abs_error
+            .map(|v| format!("{:.1}%", v * 100.0))
+            .unwrap_or_else(|| "-".into()),
+    ));
+    for g in &r.groups {
+        out.push_str(&format!(
+            "ranking {}: measured {} | projected {} -> {}\n",
+            g.ids.join("/"),
+            g.measured_order.join(" > "),
+            g.projected_order.join(" > "),
+            if g.preserved {
+                "preserved"
+            } else {
+                "NOT preserved"
+            }
+        ));
+    }
+    out
+}
+
+pub fn run(args: &Args) -> Result<(), CliError> {
+    let c = catalog(&args.common)?;
+    let report = validate_file(&args.file, &c)?;
+    match args.output {
+        Output::Json => print_json(&report)?,
+        Output::Table => print!("{}", table(&report)),
+    }
+    let mut failures = Vec::new();
+    if let Some(limit) = args.max_median_error {
+        match report.median_abs_error {
+            Some(m) if m * 100.0 <= limit => {}
+            Some(m) => failures.push(format!(
+                "median absolute error {:.1}% exceeds --max-median-error {limit}%",
+                m * 100.0
+            )),
+            None => failures.push("no row could be projected".into()),
+        }
+    }
+    if let Some(limit) = args.max_error
+        && let Some(m) = report.max_abs_error
+        && m * 100.0 > limit
+    {
+        failures.push(format!(
+            "maximum absolute error {:.1}% exceeds --max-error {limit}%",
+            m * 100.0
+        ));
+    }
+    if args.strict && report.failed > 0 {
+        failures.push(format!("{} rows could not be projected", report.failed));
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(failures.join("; ")))
+    }
+}

@@ -1,0 +1,129 @@
+//! `primus memory -f PLAN [-o table|json]`: exit codes, JSON field names (DESIGN.md section 4),
+//! and one clear error line naming the field for bad plans.
+
+use assert_cmd::Command;
+
+fn primus() -> Command {
+    Command::cargo_bin("primus").expect("primus binary")
+}
+
+fn example(name: &str) -> String {
+    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn plan_file(text: &str) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn table_marks_the_bottleneck() {
+    let out = primus()
+        .args(["memory", "-f", &example("llama3.1-70b-h100.yaml")])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("STAGE"), "{text}");
+    assert!(text.contains("WEIGHTS") && text.contains("ACTIV") && text.contains("OTHER"));
+    // 8 stage rows, one of them marked.
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+        })
+        .collect();
+    assert_eq!(rows.len(), 8, "{text}");
+    assert_eq!(rows.iter().filter(|r| r.contains('*')).count(), 1, "{text}");
+    assert!(text.contains("Capacity 80.00 GiB"), "{text}");
+}
+
+#[test]
+fn json_has_the_design_field_names() {
+    let out = primus()
+        .args([
+            "memory",
+            "-f",
+            &example("deepseek-v3-h100.yaml"),
+            "-o",
+            "json",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["layout"]["tp"], 2);
+    assert_eq!(v["layout"]["pipelineLayout"], "Et|(tt|)*30mL");
+    let m = &v["memory"];
+    for key in [
+        "peakBytes",
+        "capacityBytes",
+        "usableBytes",
+        "headroomBytes",
+        "bottleneckStage",
+    ] {
+        assert!(m[key].is_number(), "memory.{key} in {m}");
+    }
+    assert!(m["fits"].is_boolean());
+    let stages = m["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 8);
+    for key in [
+        "weightsBytes",
+        "gradientsBytes",
+        "optimizerBytes",
+        "activationsBytes",
+        "otherBytes",
+        "totalBytes",
+        "inflightMicrobatches",
+        "layers",
+    ] {
+        assert!(stages[0][key].is_number(), "stages[0].{key}");
+    }
+    assert_eq!(stages[7]["mtpLayers"], 1);
+}
+
+#[test]
+fn missing_parallelism_is_an_input_error() {
+    let f = plan_file(
+        "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 8}\n",
+    );
+    let out = primus()
+        .args(["memory", "-f"])
+        .arg(f.path())
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: spec.parallelism: missing"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn illegal_layout_names_the_field() {
+    let f = plan_file(
+        "spec:\n  model: {preset: llama3.1-70b}\n  cluster: {gpu: h100-sxm, gpus: 64}\n  training: {seqLength: 8192, globalBatchSize: 128}\n  parallelism: {tp: 16, pp: 4}\n",
+    );
+    let out = primus()
+        .args(["memory", "-o", "json", "-f"])
+        .arg(f.path())
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err,
+        "error: spec.parallelism.tp: 16 does not divide the model's 8 key/value heads (GQA groups); Megatron splits whole groups over TP\n"
+    );
+}

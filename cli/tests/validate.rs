@@ -1,0 +1,101 @@
+//! `primus validate` on the published measurements (the accuracy regression gate) and on bad
+//! rows: the CLI half of the oracle's tests/validate.rs, moved with the CLI.
+
+use assert_cmd::Command;
+
+#[test]
+fn cli_validate_fails_the_build_when_the_median_regresses() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/published.csv"
+    );
+    let ok = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "--max-median-error", "10"])
+        .output()
+        .expect("runs");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        text.contains("median") && text.contains("preserved"),
+        "{text}"
+    );
+    assert!(text.contains("P1s") && text.contains("N20"), "{text}");
+    // A limit the projection cannot meet fails with a one-line reason.
+    let bad = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "--max-median-error", "0.5"])
+        .output()
+        .expect("runs");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("exceeds --max-median-error"), "{err}");
+    // JSON output is one object with the rows and the statistics.
+    let json = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", path, "-o", "json"])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(v["rows"].as_array().unwrap().len(), 23);
+    assert!(v["medianAbsError"].as_f64().unwrap() <= 0.10);
+}
+
+const HEADER: &str = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+
+#[test]
+fn bad_rows_are_reported_with_their_reason_not_skipped() {
+    let csv = format!(
+        "{HEADER}\n\
+         A,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         B,x,no-such-model,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         C,x,llama3.1-8b,no-such-gpu,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         D,x,llama3.1-8b,h100-sxm,eight,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         E,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,2,1,1,1,none,true,false,1f1b,10000,,\n\
+         F,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,,,no measurement here\n\
+         G,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,sometimes,true,false,1f1b,10000,,\n\
+         H,x,llama3.1-8b,h100-sxm,8,8,int4,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,\n\
+         I,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,,,\"quoted, with a comma: 2.5 s per iteration\"\n"
+    );
+    // The CLI prints every failure with its line and reason; --strict fails on them.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("rows.csv");
+    std::fs::write(&path, &csv).expect("write");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("line 3: unknown preset"), "{text}");
+    assert!(text.contains("line 6: illegal layout"), "{text}");
+    assert!(text.contains("line 5: bad row: column gpus"), "{text}");
+    let strict = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .arg("--strict")
+        .output()
+        .expect("runs");
+    assert!(!strict.status.success());
+}
+
+#[test]
+fn a_missing_column_is_an_input_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.csv");
+    std::fs::write(&path, "id,model\nA,llama3.1-8b\n").expect("write");
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+}
