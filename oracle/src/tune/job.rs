@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 use crate::error::FieldError;
 use crate::hardware::Vendor;
 use crate::layout::Layout;
-use crate::megatron::{self, flag};
+use crate::megatron::flag;
 use crate::plan::Scenario;
 
 /// Annotation keys of the jobs the writer builds; `primus_crds::annotations` re-exports them
@@ -540,12 +540,7 @@ fn fill_pod_template(
     Ok(())
 }
 
-/// The Megatron flags of a layout and model: what the container's `args` end with.
-pub fn megatron_flags(s: &Scenario, l: &Layout) -> Vec<String> {
-    let mut flags = megatron::layout_args(s, l);
-    flags.extend(megatron::model_args(&s.model));
-    flags
-}
+pub use crate::megatron::megatron_flags;
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()

@@ -1,0 +1,486 @@
+//! The PyTorchJob writer: the emitted object has the kubeflow.org/v1 shape (checked against the
+//! schema of the hand-written CRD in crds/thirdparty), carries the layout as Megatron flags that
+//! parse back to the same layout, and merges a template without losing or leaking fields.
+//! (Moved here from the oracle with the writer; the assertions read the job as JSON, as
+//! `primus tune --emit pytorchjob` prints it.)
+
+use primus_crds::annotations as annotation;
+use primus_crds::pytorchjob::JobOptions;
+use primus_oracle::FieldError;
+use primus_oracle::hardware::HardwareProfile;
+use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::megatron::MegatronArgs;
+use primus_oracle::plan::{Cluster, Precision, Scenario, Training};
+use primus_oracle::profiles::Catalog;
+use serde_json::{Value, json};
+
+/// The writer, its job as JSON.
+fn pytorchjob(
+    plan: &str,
+    namespace: Option<&str>,
+    s: &Scenario,
+    l: &Layout,
+    template: Option<&Value>,
+    opts: &JobOptions,
+) -> Result<Value, FieldError> {
+    primus_crds::pytorchjob::pytorchjob(plan, namespace, s, l, template, opts)
+        .map(|j| serde_json::to_value(j).expect("a job serializes"))
+}
+
+fn scenario(gpu: &str, gpus: u32) -> Scenario {
+    let c = Catalog::builtin().unwrap();
+    let hardware: HardwareProfile = c.hardware(gpu).unwrap().clone();
+    Scenario {
+        model: c.model("llama3.1-70b").unwrap().clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node: hardware.gpus_per_node,
+        },
+        hardware,
+        training: Training {
+            seq_length: 8192,
+            global_batch_size: 128,
+            precision: Precision::Bf16,
+        },
+    }
+}
+
+fn layout() -> Layout {
+    Layout {
+        tp: 4,
+        pp: 4,
+        vpp: 5,
+        micro_batch_size: 2,
+        recompute: Recompute::Full,
+        recompute_layers: 3,
+        schedule: Schedule::Interleaved,
+        ..Layout::default()
+    }
+}
+
+/// The CRD's `openAPIV3Schema`.
+fn crd_schema() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/thirdparty/kubeflow.org_pytorchjobs.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the PyTorchJob CRD is in the repository");
+    let crd: Value = serde_saphyr::from_str(&text).expect("CRD YAML parses");
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+/// A small structural-schema check, as the API server applies it: types, enums, required keys,
+/// minimums, and no unknown fields where the schema does not preserve them.
+fn validate(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>) {
+    if path == ".metadata" {
+        // The API server validates the root metadata as ObjectMeta itself.
+        return;
+    }
+    if schema["x-kubernetes-preserve-unknown-fields"] == json!(true)
+        && schema.get("properties").is_none()
+    {
+        if !v.is_object() && schema["type"] == json!("object") {
+            errors.push(format!("{path}: expected object"));
+        }
+        return;
+    }
+    let ty = schema["type"].as_str().unwrap_or("");
+    let ok = match ty {
+        "object" => v.is_object(),
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "boolean" => v.is_boolean(),
+        "array" => v.is_array(),
+        "number" => v.is_number(),
+        _ => true,
+    };
+    if !ok {
+        errors.push(format!("{path}: expected {ty}, got {v}"));
+        return;
+    }
+    if let Some(e) = schema["enum"].as_array()
+        && !e.contains(v)
+    {
+        errors.push(format!("{path}: {v} not in {e:?}"));
+    }
+    if let (Some(min), Some(n)) = (schema["minimum"].as_i64(), v.as_i64())
+        && n < min
+    {
+        errors.push(format!("{path}: {n} < {min}"));
+    }
+    if let Some(obj) = v.as_object() {
+        for r in schema["required"].as_array().into_iter().flatten() {
+            if !obj.contains_key(r.as_str().unwrap()) {
+                errors.push(format!("{path}: missing required {r}"));
+            }
+        }
+        for (k, child) in obj {
+            let p = format!("{path}.{k}");
+            if let Some(s) = schema["properties"].get(k) {
+                validate(s, child, &p, errors);
+            } else if let Some(s) = schema.get("additionalProperties").filter(|s| s.is_object()) {
+                validate(s, child, &p, errors);
+            } else if schema["x-kubernetes-preserve-unknown-fields"] != json!(true) {
+                errors.push(format!("{p}: unknown field"));
+            }
+        }
+    }
+}
+
+fn container(job: &Value, role: &str) -> Value {
+    let list = job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{role} has containers"))
+        .clone();
+    list.into_iter()
+        .find(|c| c["name"] == "pytorch")
+        .expect("a container named pytorch")
+}
+
+fn args(c: &Value) -> Vec<String> {
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn default_job_has_the_kubeflow_shape_and_the_layout() {
+    let s = scenario("mi300x", 32);
+    let l = layout();
+    let opts = JobOptions {
+        projected_tokens_per_second: Some(1234.5),
+        ..JobOptions::default()
+    };
+    let job = pytorchjob("llama3-70b", Some("team-a"), &s, &l, None, &opts).unwrap();
+    let mut errors = Vec::new();
+    validate(&crd_schema(), &job, "", &mut errors);
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+
+    assert_eq!(job["apiVersion"], "kubeflow.org/v1");
+    assert_eq!(job["kind"], "PyTorchJob");
+    assert_eq!(job["metadata"]["name"], "llama3-70b");
+    assert_eq!(job["metadata"]["namespace"], "team-a");
+    let specs = job["spec"]["pytorchReplicaSpecs"].as_object().unwrap();
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs["Master"]["replicas"], 1);
+    assert_eq!(
+        specs["Worker"]["replicas"], 3,
+        "4 nodes: 1 master + 3 workers"
+    );
+    assert_eq!(job["spec"]["nprocPerNode"], "8");
+    assert!(job["spec"].get("runPolicy").is_none());
+
+    for role in ["Master", "Worker"] {
+        let c = container(&job, role);
+        assert!(c["image"].as_str().unwrap().contains("rocm"), "{c}");
+        assert_eq!(c["resources"]["limits"]["amd.com/gpu"], "8");
+        assert_eq!(c["resources"]["requests"]["amd.com/gpu"], "8");
+        let sel = &job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["nodeSelector"];
+        assert_eq!(
+            sel[&s.hardware.kubernetes.product_label],
+            s.hardware.kubernetes.product_values[0].as_str()
+        );
+        let a = args(&c);
+        let parsed = MegatronArgs::parse(a.iter().map(String::as_str));
+        let mut back = parsed.layout(&s.model).unwrap();
+        back.etp = l.etp;
+        assert_eq!(back, l, "args {a:?}");
+        assert_eq!(parsed.training().unwrap(), Some(s.training));
+        let card = parsed.model_card().unwrap().expect("architecture flags");
+        assert_eq!(card.layers, s.model.layers);
+    }
+
+    let ann = &job["metadata"]["annotations"];
+    assert_eq!(ann[annotation::PLAN], "llama3-70b");
+    assert_eq!(ann[annotation::MODEL], "llama3.1-70b");
+    assert_eq!(ann[annotation::GPU], "mi300x");
+    assert_eq!(ann[annotation::PROJECTED_TOKENS_PER_SECOND], "1234.5");
+    let back: Layout = serde_json::from_str(ann[annotation::LAYOUT].as_str().unwrap()).unwrap();
+    assert_eq!(back, l);
+    let t: Training = serde_json::from_str(ann[annotation::TRAINING].as_str().unwrap()).unwrap();
+    assert_eq!(t, s.training);
+}
+
+#[test]
+fn one_node_has_no_worker_and_suspend_is_written() {
+    let s = scenario("h100-sxm", 8);
+    let l = Layout {
+        tp: 8,
+        ..Layout::default()
+    };
+    let opts = JobOptions {
+        suspend: true,
+        name: Some("custom".into()),
+        ..JobOptions::default()
+    };
+    let job = pytorchjob("p", None, &s, &l, None, &opts).unwrap();
+    let specs = job["spec"]["pytorchReplicaSpecs"].as_object().unwrap();
+    assert_eq!(specs.keys().collect::<Vec<_>>(), vec!["Master"]);
+    assert_eq!(job["spec"]["runPolicy"]["suspend"], true);
+    assert_eq!(job["metadata"]["name"], "custom");
+    assert!(job["metadata"].get("namespace").is_none());
+    let c = container(&job, "Master");
+    assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "8");
+    let mut errors = Vec::new();
+    validate(&crd_schema(), &job, "", &mut errors);
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+#[test]
+fn template_is_merged_without_tracking_labels_and_with_its_own_args() {
+    let s = scenario("mi300x", 16);
+    let l = layout();
+    let template = json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": "ignored",
+            "namespace": "ignored-too",
+            "resourceVersion": "42",
+            "labels": {
+                "team": "llm",
+                "app.kubernetes.io/instance": "argo-app",
+                "argocd.argoproj.io/instance": "x"
+            },
+            "annotations": {
+                "argocd.argoproj.io/tracking-id": "app:kubeflow.org/PyTorchJob:ns/x",
+                "note": "kept"
+            }
+        },
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": 99,
+                    "restartPolicy": "Never",
+                    "template": {
+                        "metadata": {"labels": {"app.kubernetes.io/instance": "argo-app", "pod": "yes"}},
+                        "spec": {
+                            "nodeSelector": {"amd.com/gpu.product-name": "MI300X-custom"},
+                            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                            "containers": [
+                                {"name": "sidecar", "image": "busybox"},
+                                {
+                                    "name": "pytorch",
+                                    "image": "registry.local/megatron:1",
+                                    "command": ["torchrun", "/m/pretrain_gpt.py"],
+                                    "args": [
+                                        "--tensor-model-parallel-size", "2",
+                                        "--data-path", "/data/x",
+                                        "--sequence-parallel",
+                                        "--micro-batch-size=7",
+                                        "--num-layers-per-virtual-pipeline-stage", "4",
+                                        "--pipeline-model-parallel-layout", "Et|(tt|)*39L",
+                                        "--lr", "3e-4"
+                                    ],
+                                    "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+                                    "resources": {"limits": {"memory": "1Ti"}}
+                                }
+                            ]
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let job = pytorchjob(
+        "plan-a",
+        Some("ns"),
+        &s,
+        &l,
+        Some(&template),
+        &JobOptions::default(),
+    )
+    .unwrap();
+    let mut errors = Vec::new();
+    validate(&crd_schema(), &job, "", &mut errors);
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+
+    let text = job.to_string();
+    assert!(!text.contains("argo"), "tracking keys leaked: {text}");
+    assert!(!text.contains("resourceVersion"));
+    assert_eq!(job["metadata"]["name"], "plan-a");
+    assert_eq!(job["metadata"]["namespace"], "ns");
+    assert_eq!(job["metadata"]["labels"]["team"], "llm");
+    assert_eq!(job["metadata"]["annotations"]["note"], "kept");
+    assert_eq!(job["spec"]["runPolicy"]["cleanPodPolicy"], "None");
+    for role in ["Master", "Worker"] {
+        let r = &job["spec"]["pytorchReplicaSpecs"][role];
+        assert_eq!(r["restartPolicy"], "Never");
+        assert_eq!(r["template"]["metadata"]["labels"]["pod"], "yes");
+        assert_eq!(
+            r["template"]["spec"]["nodeSelector"]["amd.com/gpu.product-name"], "MI300X-custom",
+            "the template's own selector wins"
+        );
+        assert_eq!(r["template"]["spec"]["tolerations"][0]["key"], "gpu");
+        assert_eq!(
+            r["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        let c = container(&job, role);
+        assert_eq!(c["image"], "registry.local/megatron:1");
+        assert_eq!(c["command"], json!(["torchrun", "/m/pretrain_gpt.py"]));
+        assert_eq!(c["resources"]["limits"]["memory"], "1Ti");
+        assert_eq!(c["resources"]["limits"]["amd.com/gpu"], "8");
+        assert_eq!(c["env"][0]["name"], "NCCL_DEBUG");
+        let a = args(&c);
+        // The template's other arguments are kept, in order, before ours.
+        assert_eq!(&a[..4], &["--data-path", "/data/x", "--lr", "3e-4"]);
+        // Each flag of ours appears once, with our value.
+        for f in ["--tensor-model-parallel-size", "--micro-batch-size"] {
+            assert_eq!(
+                a.iter().filter(|x| x.starts_with(f)).count(),
+                1,
+                "{f} in {a:?}"
+            );
+        }
+        assert!(
+            !a.iter()
+                .any(|x| x == "--num-layers-per-virtual-pipeline-stage")
+        );
+        assert!(
+            !a.iter().any(|x| x == "--pipeline-model-parallel-layout"),
+            "the template's explicit pipeline layout goes with its split: {a:?}"
+        );
+        let parsed = MegatronArgs::parse(a.iter().map(String::as_str));
+        let mut back = parsed.layout(&s.model).unwrap();
+        back.etp = l.etp;
+        assert_eq!(back, l);
+    }
+    assert_eq!(job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"], 1);
+}
+
+#[test]
+fn a_spec_only_template_with_a_shell_script_gets_the_flags_in_the_script() {
+    let s = scenario("mi300x", 16);
+    let l = Layout {
+        tp: 8,
+        pp: 2,
+        ..Layout::default()
+    };
+    let script = "cd /workspace && \\\n  torchrun pretrain_gpt.py --tensor-model-parallel-size 4 \\\n  --save /ckpt \\\n";
+    let template = json!({
+        "pytorchReplicaSpecs": {
+            "Master": {"template": {"spec": {"containers": [{
+                "name": "pytorch", "image": "img", "command": ["bash", "-c"], "args": [script]
+            }]}}}
+        }
+    });
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    let c = container(&job, "Worker");
+    let a = args(&c);
+    assert_eq!(a.len(), 1, "still one script");
+    let script = &a[0];
+    assert!(
+        script.starts_with("cd /workspace && \\\n  torchrun pretrain_gpt.py"),
+        "{script}"
+    );
+    assert!(script.contains("--save /ckpt"), "{script}");
+    assert_eq!(
+        script.matches("--tensor-model-parallel-size").count(),
+        1,
+        "{script}"
+    );
+    let parsed = MegatronArgs::parse(["bash", "-c", script.as_str()]);
+    let back = parsed.layout(&s.model).unwrap();
+    assert_eq!((back.tp, back.pp), (8, 2), "{script}");
+}
+
+#[test]
+fn bad_templates_name_the_field() {
+    let s = scenario("mi300x", 16);
+    let l = layout();
+    let cases = [
+        (json!("a string"), "spec.job.template"),
+        (json!({"kind": "Job", "spec": {}}), "spec.job.template.kind"),
+        (
+            json!({"pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{"name": "pytorch"}]}}}}}),
+            "spec.job.template.pytorchReplicaSpecs.Master.template.spec.containers[0].image",
+        ),
+        (
+            json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{"name": "pytorch", "image": "i", "args": [1]}]}}}}}}),
+            "spec.job.template.spec.pytorchReplicaSpecs.Master.template.spec.containers[0].args[0]",
+        ),
+        (
+            json!({"pytorchReplicaSpecs": {"Worker": {"template": {"spec": {"containers": "x"}}}}}),
+            "spec.job.template.pytorchReplicaSpecs.Worker.template.spec.containers",
+        ),
+    ];
+    for (t, field) in cases {
+        let e = pytorchjob("p", None, &s, &l, Some(&t), &JobOptions::default()).unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+    }
+}
+
+#[test]
+fn the_templates_recompute_module_list_is_replaced_by_the_layouts() {
+    // A template that recomputes other modules (a list flag: every word up to the next flag)
+    // gets the layout's list instead, in argument lists and in shell scripts alike.
+    use primus_oracle::layout::RecomputeModule::{CoreAttn, Mlp};
+    let s = scenario("mi300x", 16);
+    let l = Layout {
+        tp: 8,
+        pp: 2,
+        recompute: Recompute::Selective,
+        recompute_modules: Some(vec![Mlp, CoreAttn]),
+        ..Layout::default()
+    };
+    let args_template = json!({
+        "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "img",
+            "args": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                     "layernorm", "--lr", "3e-4", "--recompute-modules=mlp"]
+        }]}}}}
+    });
+    let job = pytorchjob(
+        "p",
+        None,
+        &s,
+        &l,
+        Some(&args_template),
+        &JobOptions::default(),
+    )
+    .unwrap();
+    let a = args(&container(&job, "Worker"));
+    assert_eq!(&a[..2], &["--lr", "3e-4"], "{a:?}");
+    assert!(
+        !a.iter()
+            .any(|w| w == "layernorm" || w.starts_with("--recompute-modules="))
+    );
+    let at = a.iter().position(|w| w == "--recompute-modules").unwrap();
+    assert_eq!(&a[at + 1..at + 3], &["mlp", "core_attn"], "{a:?}");
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.recompute_modules, l.recompute_modules);
+
+    let script = "torchrun pretrain_gpt.py --recompute-granularity selective \\\n  --recompute-modules core_attn layernorm \\\n  --save /ckpt";
+    let script_template = json!({
+        "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "img", "command": ["bash", "-c"], "args": [script]
+        }]}}}}
+    });
+    let job = pytorchjob(
+        "p",
+        None,
+        &s,
+        &l,
+        Some(&script_template),
+        &JobOptions::default(),
+    )
+    .unwrap();
+    let a = args(&container(&job, "Worker"));
+    let script = &a[0];
+    assert!(!script.contains("layernorm"), "{script}");
+    assert!(script.contains("--save /ckpt"), "{script}");
+    let back = MegatronArgs::parse(["bash", "-c", script.as_str()])
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.recompute_modules, l.recompute_modules, "{script}");
+}
