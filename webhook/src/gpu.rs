@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::PodSpec;
 use primus_crds::annotations;
 use primus_oracle::hardware::HardwareProfile;
 use primus_oracle::profiles::Catalog;
-use serde_json::Value;
 
 /// Labels that name the GPU product on nodes, from the catalog (plus the two well-known ones).
 pub fn product_labels(catalog: &Catalog) -> Vec<String> {
@@ -38,26 +38,23 @@ pub fn gpu_resources(catalog: &Catalog) -> Vec<String> {
 }
 
 /// Product label values the pod's required node affinity allows, per label key.
-fn affinity_values<'a>(pod: &'a Value, label: &str) -> Vec<&'a str> {
-    let mut out = Vec::new();
+fn affinity_values<'a>(pod: &'a PodSpec, label: &str) -> Vec<&'a str> {
     let terms = pod
-        .get("affinity")
-        .and_then(|a| a.get("nodeAffinity"))
-        .and_then(|a| a.get("requiredDuringSchedulingIgnoredDuringExecution"))
-        .and_then(|r| r.get("nodeSelectorTerms"))
-        .and_then(Value::as_array);
-    for term in terms.into_iter().flatten() {
-        let exprs = term.get("matchExpressions").and_then(Value::as_array);
-        for e in exprs.into_iter().flatten() {
-            if e.get("key").and_then(Value::as_str) == Some(label)
-                && e.get("operator").and_then(Value::as_str) == Some("In")
-            {
-                let values = e.get("values").and_then(Value::as_array);
-                out.extend(values.into_iter().flatten().filter_map(Value::as_str));
-            }
-        }
-    }
-    out
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.key == label && e.operator == "In")
+        .flat_map(|e| e.values.iter().flatten().map(String::as_str))
+        .collect()
 }
 
 /// The GPU kind of a job and where it came from.
@@ -72,7 +69,7 @@ pub struct GpuKind {
 /// The GPU kind: node selector, then required node affinity, then the `primus.dev/gpu`
 /// annotation, then the GPU resource name when only one profile uses it.
 pub fn gpu_kind(
-    pods: &[&Value],
+    pods: &[&PodSpec],
     annotations: &BTreeMap<String, String>,
     resource: Option<&str>,
     catalog: &Catalog,
@@ -80,9 +77,9 @@ pub fn gpu_kind(
     let labels = product_labels(catalog);
     let mut unknown: Vec<String> = Vec::new();
     for pod in pods {
-        if let Some(sel) = pod.get("nodeSelector").and_then(Value::as_object) {
+        if let Some(sel) = &pod.node_selector {
             for label in &labels {
-                if let Some(v) = sel.get(label).and_then(Value::as_str) {
+                if let Some(v) = sel.get(label) {
                     match catalog.hardware_by_product_label(v) {
                         Some(p) => {
                             return Ok(GpuKind {

@@ -10,7 +10,10 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_crds::annotations;
+use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
@@ -71,100 +74,59 @@ pub fn annotation_field(key: &str) -> String {
 struct Replica<'a> {
     name: &'a str,
     replicas: u64,
-    pod_spec: Option<&'a Value>,
-    container: Option<&'a Value>,
+    pod_spec: Option<&'a PodSpec>,
+    container: Option<&'a Container>,
 }
 
-fn replicas_of(spec: &Value) -> Result<Vec<Replica<'_>>, DeriveError> {
-    let Some(specs) = spec.get("pytorchReplicaSpecs") else {
-        return Err(DeriveError::Missing(vec![
-            "spec.pytorchReplicaSpecs is missing".into(),
-        ]));
-    };
-    let Some(specs) = specs.as_object() else {
-        return Err(DeriveError::invalid(
-            "spec.pytorchReplicaSpecs",
-            "must be a mapping of replica type (Master, Worker) to replica spec",
-        ));
-    };
-    let mut out = Vec::new();
-    for (name, r) in specs {
-        let replicas = match r.get("replicas") {
-            None | Some(Value::Null) => 1,
-            Some(v) => v.as_u64().ok_or_else(|| {
-                DeriveError::invalid(
-                    format!("spec.pytorchReplicaSpecs.{name}.replicas"),
-                    format!("{v} is not a non-negative integer"),
-                )
-            })?,
-        };
-        let pod_spec = r.get("template").and_then(|t| t.get("spec"));
-        let container = pod_spec
-            .and_then(|p| p.get("containers"))
-            .and_then(Value::as_array)
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.get("name").and_then(Value::as_str) == Some("pytorch"))
-                    .or(if cs.len() == 1 { cs.first() } else { None })
-            });
-        out.push(Replica {
-            name,
-            replicas,
-            pod_spec,
-            container,
-        });
-    }
-    // Master first, then Worker, then anything else in name order (serde_json keeps keys
-    // sorted, so the order is stable).
-    out.sort_by_key(|r| match r.name.to_ascii_lowercase().as_str() {
-        "master" => 0,
-        "worker" => 1,
-        _ => 2,
-    });
-    Ok(out)
+fn replicas_of(spec: &PyTorchJobSpec) -> Result<Vec<Replica<'_>>, DeriveError> {
+    spec.replicas_in_order()
+        .into_iter()
+        .map(|(name, r)| {
+            let replicas = match r.replicas {
+                None => 1,
+                Some(n) => u64::try_from(n).map_err(|_| {
+                    DeriveError::invalid(
+                        format!("spec.pytorchReplicaSpecs.{name}.replicas"),
+                        format!("{n} is not a non-negative integer"),
+                    )
+                })?,
+            };
+            Ok(Replica {
+                name,
+                replicas,
+                pod_spec: r.pod_spec(),
+                container: r.training_container(),
+            })
+        })
+        .collect()
 }
 
 /// The words Megatron flags are read from: command, args, then env values.
-fn container_words(c: &Value) -> Vec<&str> {
-    let mut words = Vec::new();
-    for key in ["command", "args"] {
-        if let Some(list) = c.get(key).and_then(Value::as_array) {
-            words.extend(list.iter().filter_map(Value::as_str));
-        }
+fn container_words(c: &Container) -> Vec<&str> {
+    let mut words: Vec<&str> = Vec::new();
+    for list in [&c.command, &c.args].into_iter().flatten() {
+        words.extend(list.iter().map(String::as_str));
     }
-    if let Some(env) = c.get("env").and_then(Value::as_array) {
-        words.extend(
-            env.iter()
-                .filter_map(|e| e.get("value"))
-                .filter_map(Value::as_str),
-        );
+    for e in c.env.iter().flatten() {
+        words.extend(e.value.as_deref());
     }
     words
 }
 
 /// GPUs a container asks for: (resource name, count) from limits, else requests.
-fn gpu_limit(c: &Value, resources: &[String]) -> Result<Option<(String, u64)>, DeriveError> {
-    for section in ["limits", "requests"] {
-        let Some(map) = c
-            .get("resources")
-            .and_then(|r| r.get(section))
-            .and_then(Value::as_object)
-        else {
-            continue;
-        };
+fn gpu_limit(c: &Container, resources: &[String]) -> Result<Option<(String, u64)>, DeriveError> {
+    let Some(r) = &c.resources else {
+        return Ok(None);
+    };
+    for (section, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+        let Some(map) = map else { continue };
         for res in resources {
-            if let Some(v) = map.get(res.as_str()) {
-                let n = match v {
-                    Value::Number(n) => n.as_u64(),
-                    Value::String(s) => s.trim().parse::<u64>().ok(),
-                    _ => None,
-                };
-                let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
-                return match n {
-                    Some(n) => Ok(Some((res.clone(), n))),
-                    None => Err(DeriveError::invalid(
-                        format!("containers[{name}].resources.{section}[{res}]"),
-                        format!("{v} is not a whole number of GPUs"),
+            if let Some(q) = map.get(res.as_str()) {
+                return match q.0.trim().parse::<u64>() {
+                    Ok(n) => Ok(Some((res.clone(), n))),
+                    Err(_) => Err(DeriveError::invalid(
+                        format!("containers[{}].resources.{section}[{res}]", c.name),
+                        format!("{:?} is not a whole number of GPUs", q.0),
                     )),
                 };
             }
@@ -176,7 +138,7 @@ fn gpu_limit(c: &Value, resources: &[String]) -> Result<Option<(String, u64)>, D
 /// Processes per replica: `nprocPerNode` (an integer, or `gpu`/`auto` = the GPU limit), else
 /// `elasticPolicy.nProcPerNode`, else the GPU limit.
 fn procs_per_replica(
-    spec: &Value,
+    spec: &PyTorchJobSpec,
     gpus: Option<u64>,
     replica: &str,
 ) -> Result<Result<u64, String>, DeriveError> {
@@ -187,8 +149,8 @@ fn procs_per_replica(
             )
         })
     };
-    match spec.get("nprocPerNode") {
-        Some(Value::String(s)) => {
+    match &spec.nproc_per_node {
+        Some(IntOrString::String(s)) => {
             let s = s.trim();
             match s {
                 "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {s:?}"))),
@@ -202,28 +164,17 @@ fn procs_per_replica(
                 },
             }
         }
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(n) if n > 0 => Ok(Ok(n)),
+        Some(IntOrString::Int(n)) => match u64::try_from(*n) {
+            Ok(n) if n > 0 => Ok(Ok(n)),
             _ => Err(DeriveError::invalid(
                 "spec.nprocPerNode",
                 format!("{n} is not a positive integer"),
             )),
         },
-        Some(Value::Null) | None => {
-            match spec
-                .get("elasticPolicy")
-                .and_then(|e| e.get("nProcPerNode"))
-            {
-                Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {
-                    Ok(Ok(n.as_u64().unwrap_or(1)))
-                }
-                _ => Ok(from_gpus("no nprocPerNode")),
-            }
-        }
-        Some(other) => Err(DeriveError::invalid(
-            "spec.nprocPerNode",
-            format!("{other} is not a string"),
-        )),
+        None => match spec.elastic_policy.as_ref().and_then(|e| e.n_proc_per_node) {
+            Some(n) if n > 0 => Ok(Ok(n as u64)),
+            _ => Ok(from_gpus("no nprocPerNode")),
+        },
     }
 }
 
@@ -292,7 +243,8 @@ fn parse_annotation<T: serde::de::DeserializeOwned>(
 }
 
 /// Derive the scenario and layout of a PyTorchJob (`data` is the object without metadata, as
-/// in a `DynamicObject`; `annotations` its metadata annotations).
+/// in a `DynamicObject`; `annotations` its metadata annotations). The spec is read as the
+/// typed [`PyTorchJobSpec`]; a field of the wrong type is named.
 pub fn derive(
     data: &Value,
     annotations: &BTreeMap<String, String>,
@@ -301,6 +253,30 @@ pub fn derive(
     let Some(spec) = data.get("spec").filter(|s| s.is_object()) else {
         return Err(DeriveError::Missing(vec!["the job has no spec".into()]));
     };
+    match spec.get("pytorchReplicaSpecs") {
+        None => {
+            return Err(DeriveError::Missing(vec![
+                "spec.pytorchReplicaSpecs is missing".into(),
+            ]));
+        }
+        Some(r) if !r.is_object() => {
+            return Err(DeriveError::invalid(
+                "spec.pytorchReplicaSpecs",
+                "must be a mapping of replica type (Master, Worker) to replica spec",
+            ));
+        }
+        Some(_) => {}
+    }
+    let spec: PyTorchJobSpec = from_json_at(spec, "spec").map_err(DeriveError::Invalid)?;
+    derive_spec(&spec, annotations, catalog)
+}
+
+/// [`derive`] from the typed spec.
+pub fn derive_spec(
+    spec: &PyTorchJobSpec,
+    annotations: &BTreeMap<String, String>,
+    catalog: &Catalog,
+) -> Result<DerivedJob, DeriveError> {
     let replicas = replicas_of(spec)?;
     let mut missing: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -456,7 +432,7 @@ pub fn derive(
     }
 
     // GPU kind.
-    let pods: Vec<&Value> = replicas.iter().filter_map(|r| r.pod_spec).collect();
+    let pods: Vec<&PodSpec> = replicas.iter().filter_map(|r| r.pod_spec).collect();
     let gpu = match gpu::gpu_kind(&pods, annotations, resource.as_deref(), catalog) {
         Ok(g) => {
             notes.extend(g.note.clone());

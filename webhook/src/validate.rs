@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use primus_crds::annotations;
+use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::layout::Layout;
 use primus_oracle::memory;
 use primus_oracle::plan::Scenario;
@@ -383,17 +384,11 @@ pub fn unchanged_but_suspend(old: &Value, new: &Value) -> Option<Reason> {
     if old_spec == new_spec {
         return Some(Reason::MetadataOnly);
     }
-    let strip = |spec: Option<&Value>| -> Option<Value> {
-        let mut spec = spec?.clone();
-        if let Some(rp) = spec.get_mut("runPolicy").and_then(Value::as_object_mut) {
-            rp.remove("suspend");
-            if rp.is_empty() {
-                spec.as_object_mut()?.remove("runPolicy");
-            }
-        }
-        Some(spec)
+    let typed = |spec: Option<&Value>| -> Option<PyTorchJobSpec> {
+        let spec: PyTorchJobSpec = from_json_at(spec?, "spec").ok()?;
+        Some(spec.without_suspend())
     };
-    match (strip(old_spec), strip(new_spec)) {
+    match (typed(old_spec), typed(new_spec)) {
         (Some(a), Some(b)) if a == b => Some(Reason::SuspendOnly),
         _ => None,
     }
