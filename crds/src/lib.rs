@@ -18,7 +18,7 @@ pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
 pub use pytorchjob::PyTorchJob;
 pub use training_plan::{
     BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobSpec, JobStatus, LayoutSummary,
-    MeasuredThroughput, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
+    MeasuredThroughput, Phase, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
     TrainingPlanStatus,
 };
 
