@@ -76,64 +76,11 @@ pub fn gpu_kind(
 ) -> Result<GpuKind, String> {
     let labels = product_labels(catalog);
     let mut unknown: Vec<String> = Vec::new();
-    for pod in pods {
-        if let Some(sel) = &pod.node_selector {
-            for label in &labels {
-                if let Some(v) = sel.get(label) {
-                    match catalog.hardware_by_product_label(v) {
-                        Some(p) => {
-                            return Ok(GpuKind {
-                                profile: p.clone(),
-                                source: format!("nodeSelector {label}={v}"),
-                                note: None,
-                            });
-                        }
-                        None => unknown.push(format!("nodeSelector {label}={v}")),
-                    }
-                }
-            }
-        }
+    if let Some(k) = by_node_selector(pods, &labels, catalog, &mut unknown) {
+        return Ok(k);
     }
-    for pod in pods {
-        for label in &labels {
-            let values = affinity_values(pod, label);
-            if values.is_empty() {
-                continue;
-            }
-            let mut found: Vec<&HardwareProfile> = Vec::new();
-            for v in &values {
-                match catalog.hardware_by_product_label(v) {
-                    Some(p) => {
-                        if !found.iter().any(|f| f.name == p.name) {
-                            found.push(p);
-                        }
-                    }
-                    None => unknown.push(format!("node affinity {label} In {v}")),
-                }
-            }
-            if found.is_empty() {
-                continue;
-            }
-            // The scheduler may place the job on any allowed kind: check the smallest.
-            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
-            let p = found[0];
-            let note = (found.len() > 1).then(|| {
-                format!(
-                    "node affinity allows {}: checked against the smallest, {}",
-                    found
-                        .iter()
-                        .map(|f| f.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    p.name
-                )
-            });
-            return Ok(GpuKind {
-                profile: p.clone(),
-                source: format!("node affinity {label} In [{}]", values.join(", ")),
-                note,
-            });
-        }
+    if let Some(k) = by_affinity(pods, &labels, catalog, &mut unknown) {
+        return Ok(k);
     }
     if let Some(name) = annotations.get(annotations::GPU) {
         return match catalog.hardware(name.trim()) {
@@ -168,6 +115,81 @@ pub fn gpu_kind(
             annotations::GPU
         ));
     };
+    by_resource(resource, catalog)
+}
+
+/// The first pod whose node selector names a known product (unknown ones go to `unknown`).
+fn by_node_selector(
+    pods: &[&PodSpec],
+    labels: &[String],
+    catalog: &Catalog,
+    unknown: &mut Vec<String>,
+) -> Option<GpuKind> {
+    for sel in pods.iter().filter_map(|p| p.node_selector.as_ref()) {
+        for label in labels {
+            let Some(v) = sel.get(label) else { continue };
+            match catalog.hardware_by_product_label(v) {
+                Some(p) => {
+                    return Some(GpuKind {
+                        profile: p.clone(),
+                        source: format!("nodeSelector {label}={v}"),
+                        note: None,
+                    });
+                }
+                None => unknown.push(format!("nodeSelector {label}={v}")),
+            }
+        }
+    }
+    None
+}
+
+/// The first pod whose required node affinity allows known products: the one with the least
+/// memory of them (the scheduler may place the job on any).
+fn by_affinity(
+    pods: &[&PodSpec],
+    labels: &[String],
+    catalog: &Catalog,
+    unknown: &mut Vec<String>,
+) -> Option<GpuKind> {
+    for pod in pods {
+        for label in labels {
+            let values = affinity_values(pod, label);
+            let mut found: Vec<&HardwareProfile> = Vec::new();
+            for v in &values {
+                match catalog.hardware_by_product_label(v) {
+                    Some(p) if !found.iter().any(|f| f.name == p.name) => found.push(p),
+                    Some(_) => {}
+                    None => unknown.push(format!("node affinity {label} In {v}")),
+                }
+            }
+            if found.is_empty() {
+                continue;
+            }
+            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
+            let p = found[0];
+            let note = (found.len() > 1).then(|| {
+                format!(
+                    "node affinity allows {}: checked against the smallest, {}",
+                    found
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    p.name
+                )
+            });
+            return Some(GpuKind {
+                profile: p.clone(),
+                source: format!("node affinity {label} In [{}]", values.join(", ")),
+                note,
+            });
+        }
+    }
+    None
+}
+
+/// The profile of a GPU resource when exactly one uses it.
+fn by_resource(resource: &str, catalog: &Catalog) -> Result<GpuKind, String> {
     let candidates: Vec<&HardwareProfile> = catalog
         .hardware_profiles()
         .filter(|p| p.kubernetes.resource == resource)
