@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use primus_crds::pytorchjob::{JobOptions, pytorchjob};
 use serde_json::Value;
 
 use super::{CliError, Common, Output, plan, print_json};
@@ -19,7 +20,6 @@ use primus_oracle::compute::AnalyticTimer;
 use primus_oracle::parse::parse_yaml_value;
 use primus_oracle::plan::SearcherKind;
 use primus_oracle::tune::exhaustive::Exhaustive;
-use primus_oracle::tune::job::{JobOptions, pytorchjob};
 use primus_oracle::tune::{
     Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune,
 };
@@ -448,6 +448,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             template,
             &opts,
         )?;
+        // Through a JSON value, so that keys print sorted as they always have.
+        let job = serde_json::to_value(&job)
+            .map_err(|e| CliError::Failed(format!("PyTorchJob output: {e}")))?;
         match args.output {
             Output::Json => print_json(&job)?,
             Output::Table => {

@@ -1,11 +1,21 @@
-//! Annotation and label keys shared by the operator (which writes them onto PyTorchJobs), the
-//! webhook (which reads them back) and users.
+//! Annotation, label and field-manager names of Primus Projection: the operator writes them
+//! (onto PyTorchJobs, status applies), the webhook and `primus` read them back, users set
+//! some. Each is defined here once.
 
-// The job annotations are defined once, next to the PyTorchJob writer in the oracle (which
-// cannot depend on this crate), and re-exported here for the operator, the webhook and users.
-pub use primus_oracle::tune::job::annotation::{
-    GPU, LAYOUT, MODEL, MODEL_CARD, PLAN, PROJECTED_TOKENS_PER_SECOND, TRAINING,
-};
+/// Job annotation: the TrainingPlan that created the job.
+pub const PLAN: &str = "primus.dev/plan";
+/// Job annotation: the layout (JSON of `spec.parallelism`) the job runs.
+pub const LAYOUT: &str = "primus.dev/layout";
+/// Job annotation: projected tokens/s per GPU of that layout.
+pub const PROJECTED_TOKENS_PER_SECOND: &str = "primus.dev/projected-tokens-per-second";
+/// Job annotation: model preset name.
+pub const MODEL: &str = "primus.dev/model";
+/// Job annotation: inline model card (JSON), when the plan did not use a preset.
+pub const MODEL_CARD: &str = "primus.dev/model-card";
+/// Job annotation: hardware profile name.
+pub const GPU: &str = "primus.dev/gpu";
+/// Job annotation: training settings (JSON: seqLength, globalBatchSize, precision).
+pub const TRAINING: &str = "primus.dev/training";
 
 /// Label on a namespace: `strict` makes the webhook deny jobs it cannot derive.
 pub const ADMISSION_MODE: &str = "primus.dev/admission";

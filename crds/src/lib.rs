@@ -1,5 +1,7 @@
 //! The Kubernetes API of Primus Projection (group `primus.dev`, version `v1alpha1`):
-//! [`TrainingPlan`] (what users apply) and [`BenchmarkReport`] (what benchmark pods post).
+//! [`TrainingPlan`] (what users apply) and [`BenchmarkReport`] (what benchmark pods post); the
+//! typed kubeflow.org/v1 [`PyTorchJob`] the operator creates and the webhook reads, with the
+//! job writer ([`pytorchjob::pytorchjob`]); and every Kubernetes name ([`annotations`]).
 //!
 //! The plan's architecture, cluster, training and layout fields are the oracle's own types
 //! (built with the oracle's `schema` feature), so the CRD, the CLI and the operator read one
@@ -9,12 +11,14 @@
 pub mod annotations;
 pub mod benchmark_report;
 pub mod crdgen;
+pub mod pytorchjob;
 pub mod training_plan;
 
 pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
+pub use pytorchjob::PyTorchJob;
 pub use training_plan::{
     BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobSpec, JobStatus, LayoutSummary,
-    MeasuredThroughput, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
+    MeasuredThroughput, Phase, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
     TrainingPlanStatus,
 };
 

@@ -152,7 +152,7 @@ pub struct TrainingPlanStatus {
     pub observed_generation: Option<i64>,
     /// One word: Pending, Benchmarking, Tuning, Ready, Stalled or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     /// kstatus conditions (Ready, Reconciling, Stalled) and domain conditions (Benchmarked,
     /// Projected, Tuned, JobCreated, DriftWithinTolerance).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -184,6 +184,43 @@ pub struct TrainingPlanStatus {
     /// Measured against projected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<DriftStatus>,
+}
+
+/// One word: Pending, Benchmarking, Tuning, Ready, Stalled or Failed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Work is under way that is neither benchmarking nor tuning (a job being replaced).
+    Pending,
+    /// A benchmark pod runs; the projection waits for its report.
+    Benchmarking,
+    /// The tuner is searching layouts.
+    Tuning,
+    /// The layout is chosen and the job is as the plan wants it.
+    Ready,
+    /// The plan cannot progress until something changes (the spec, the cluster).
+    Stalled,
+    /// Every benchmark attempt failed.
+    Failed,
+}
+
+impl Phase {
+    /// The word written to the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Benchmarking => "Benchmarking",
+            Phase::Tuning => "Tuning",
+            Phase::Ready => "Ready",
+            Phase::Stalled => "Stalled",
+            Phase::Failed => "Failed",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A layout and what the oracle projects for it.

@@ -1,6 +1,7 @@
 //! The pure part of a pass: validate a plan's spec with the oracle's rules (and the operator's
 //! own fields), and choose its layout with the tuner. No API calls here; unit-tested.
 
+use primus_crds::pytorchjob;
 use primus_crds::{LayoutSummary, SearchSummary, TrainingPlanSpec};
 use primus_oracle::FieldError;
 use primus_oracle::calibrate::CalibratedTimer;
@@ -127,13 +128,13 @@ pub fn validate(
             ));
         }
         // The template's shape, checked now rather than after benchmarking and tuning.
-        tune::job::pytorchjob(
+        pytorchjob::pytorchjob(
             name,
             None,
             &plan.scenario,
             &Layout::default(),
             j.template.as_ref(),
-            &tune::job::JobOptions::default(),
+            &pytorchjob::JobOptions::default(),
         )?;
     }
     Ok(plan)

@@ -6,6 +6,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::reason::Reason;
+
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
@@ -54,8 +56,7 @@ impl State {
 pub struct Verdict {
     pub type_: &'static str,
     pub state: State,
-    /// CamelCase reason.
-    pub reason: String,
+    pub reason: Reason,
     /// What happened, in words.
     pub message: String,
 }
@@ -72,18 +73,40 @@ impl Verdicts {
         &mut self,
         type_: &'static str,
         state: State,
-        reason: impl Into<String>,
+        reason: Reason,
         message: impl Into<String>,
     ) {
-        let v = Verdict {
+        self.put(Verdict {
             type_,
             state,
-            reason: reason.into(),
+            reason,
             message: message.into(),
-        };
-        match self.items.iter_mut().find(|c| c.type_ == type_) {
+        });
+    }
+
+    /// [`Verdicts::set`], by value.
+    pub fn with(
+        mut self,
+        type_: &'static str,
+        state: State,
+        reason: Reason,
+        message: impl Into<String>,
+    ) -> Verdicts {
+        self.set(type_, state, reason, message);
+        self
+    }
+
+    fn put(&mut self, v: Verdict) {
+        match self.items.iter_mut().find(|c| c.type_ == v.type_) {
             Some(c) => *c = v,
             None => self.items.push(v),
+        }
+    }
+
+    /// Set every condition of `other` (replacing those of the same type).
+    pub fn extend(&mut self, other: Verdicts) {
+        for v in other.items {
+            self.put(v);
         }
     }
 
@@ -114,7 +137,7 @@ impl Verdicts {
             out.push(Condition {
                 type_: type_.to_string(),
                 status: v.state.as_str().to_string(),
-                reason: v.reason.clone(),
+                reason: v.reason.as_str().to_string(),
                 // Never empty: an empty string reaches some API servers' validation as null.
                 message: if v.message.is_empty() {
                     format!("{type_} is {}: {}", v.state.as_str(), v.reason)
@@ -161,6 +184,7 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reason::Reason as R;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()
@@ -169,19 +193,19 @@ mod tests {
     #[test]
     fn transition_time_changes_only_on_a_flip() {
         let mut v = Verdicts::default();
-        v.set(READY, State::False, "Benchmarking", "waiting");
+        v.set(READY, State::False, R::Benchmarking, "waiting");
         let first = v.merge(&[], Some(1), t(100));
         assert_eq!(first[0].last_transition_time, Time(t(100)));
 
         // Same status, new reason and message: the time stays.
-        v.set(READY, State::False, "Tuning", "searching");
+        v.set(READY, State::False, R::Tuning, "searching");
         let second = v.merge(&first, Some(2), t(200));
         assert_eq!(second[0].last_transition_time, Time(t(100)));
         assert_eq!(second[0].reason, "Tuning");
         assert_eq!(second[0].observed_generation, Some(2));
 
         // A flip moves it.
-        v.set(READY, State::True, "Ready", "done");
+        v.set(READY, State::True, R::Ready, "done");
         let third = v.merge(&second, Some(2), t(300));
         assert_eq!(third[0].last_transition_time, Time(t(300)));
 
@@ -190,7 +214,7 @@ mod tests {
 
         // Empty messages are filled in.
         let mut e = Verdicts::default();
-        e.set(STALLED, State::False, "Ready", "");
+        e.set(STALLED, State::False, R::Ready, "");
         assert_eq!(
             e.merge(&[], None, t(1))[0].message,
             "Stalled is False: Ready"
@@ -200,9 +224,9 @@ mod tests {
     #[test]
     fn conditions_are_listed_in_a_fixed_order() {
         let mut v = Verdicts::default();
-        v.set(TUNED, State::True, "Tuned", "");
-        v.set(READY, State::True, "Ready", "");
-        v.set(STALLED, State::False, "Progressing", "");
+        v.set(TUNED, State::True, R::Tuned, "");
+        v.set(READY, State::True, R::Ready, "");
+        v.set(STALLED, State::False, R::Progressing, "");
         let types: Vec<_> = v
             .merge(&[], None, t(1))
             .into_iter()
@@ -214,11 +238,11 @@ mod tests {
     #[test]
     fn flips_are_reported_once() {
         let mut v = Verdicts::default();
-        v.set(READY, State::False, "Benchmarking", "");
+        v.set(READY, State::False, R::Benchmarking, "");
         let a = v.merge(&[], None, t(1));
         assert_eq!(flipped(&[], &a).len(), 1);
         assert!(flipped(&a, &a).is_empty());
-        v.set(READY, State::True, "Ready", "");
+        v.set(READY, State::True, R::Ready, "");
         let b = v.merge(&a, None, t(2));
         assert_eq!(flipped(&a, &b).len(), 1);
     }

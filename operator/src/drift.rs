@@ -3,7 +3,7 @@
 //! instant query against the Prometheus HTTP API (`spec.drift.prometheus`). drift = measured /
 //! projected - 1; within tolerance when |drift| <= `spec.drift.tolerance` (default 0.10).
 
-use primus_crds::{DriftStatus, PrometheusSource};
+use primus_crds::{DriftSpec, DriftStatus, MeasuredThroughput, PrometheusSource};
 
 /// A measured throughput and where it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +85,25 @@ pub fn parse_answer(url: &str, body: &serde_json::Value) -> Result<Option<f64>, 
         .parse::<f64>()
         .map_err(|_| fail("sample value is not a number"))?;
     Ok(v.is_finite().then_some(v))
+}
+
+/// The measured throughput: the plan's Prometheus query when it has one, else what `primus
+/// report` recorded in the status (`recorded`).
+pub async fn measure(
+    http: &reqwest::Client,
+    spec: &DriftSpec,
+    recorded: Option<&MeasuredThroughput>,
+) -> Result<Option<Measurement>, QueryError> {
+    let Some(p) = &spec.prometheus else {
+        return Ok(recorded.map(|m| Measurement {
+            tokens_per_second_per_gpu: m.tokens_per_second_per_gpu,
+            source: m.source.clone().unwrap_or_else(|| "status.measured".into()),
+        }));
+    };
+    Ok(query(http, p).await?.map(|v| Measurement {
+        tokens_per_second_per_gpu: v,
+        source: format!("Prometheus query at {}", p.url),
+    }))
 }
 
 /// Run an instant query: `GET {url}/api/v1/query?query=...`.

@@ -1,5 +1,5 @@
 //! Small helpers over the Kubernetes API: every call with a timeout, owner references, label
-//! values, and the PyTorchJob resource (an untyped kind: Kubeflow ships no Rust types).
+//! values, and the PyTorchJob resource for the dynamic API (watches, writes).
 
 use std::future::Future;
 use std::time::Duration;
@@ -30,18 +30,9 @@ pub async fn call<T>(
     }
 }
 
-/// Group/version of the Kubeflow training operator's PyTorchJob.
-pub const PYTORCHJOB_API_VERSION: &str = "kubeflow.org/v1";
-
-/// `pytorchjobs.kubeflow.org/v1`.
+/// `pytorchjobs.kubeflow.org/v1` (the names of [`primus_crds::PyTorchJob`]).
 pub fn pytorchjob_resource() -> ApiResource {
-    ApiResource {
-        group: "kubeflow.org".into(),
-        version: "v1".into(),
-        api_version: PYTORCHJOB_API_VERSION.into(),
-        kind: "PyTorchJob".into(),
-        plural: "pytorchjobs".into(),
-    }
+    ApiResource::erase::<primus_crds::PyTorchJob>(&())
 }
 
 /// A controller owner reference to the plan (garbage collection deletes the object with the

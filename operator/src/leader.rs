@@ -83,40 +83,45 @@ impl Elector {
         }
     }
 
+    /// Create the lease, holding it; a replica that created it meanwhile leads instead.
+    async fn create(&mut self, name: &str, what: &str) -> Result<Attempt, Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(self.settings.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(self.spec(0, None)),
+        };
+        match tokio::time::timeout(
+            crate::kubeapi::CALL_TIMEOUT,
+            self.api.create(&PostParams::default(), &lease),
+        )
+        .await
+        {
+            Ok(Ok(l)) => {
+                info!(lease = %what, identity = %self.settings.identity, "created the lease: leading");
+                self.last = Some(l);
+                Ok(Attempt::Leading)
+            }
+            Ok(Err(e)) if is_conflict(&e) => Ok(Attempt::Following {
+                holder: "another replica (created concurrently)".into(),
+            }),
+            Ok(Err(e)) => Err(Error::kube(format!("create {what}"), e)),
+            Err(_) => Err(Error::Timeout {
+                what: format!("create {what}"),
+                after: crate::kubeapi::CALL_TIMEOUT,
+            }),
+        }
+    }
+
     /// One acquire-or-renew attempt.
     pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, Error> {
         let name = self.settings.lease_name.clone();
         let what = format!("lease {}/{name}", self.settings.namespace);
         let current = call(format!("get {what}"), self.api.get_opt(&name)).await?;
         let Some(current) = current else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    namespace: Some(self.settings.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(self.spec(0, None)),
-            };
-            return match tokio::time::timeout(
-                crate::kubeapi::CALL_TIMEOUT,
-                self.api.create(&PostParams::default(), &lease),
-            )
-            .await
-            {
-                Ok(Ok(l)) => {
-                    info!(lease = %what, identity = %self.settings.identity, "created the lease: leading");
-                    self.last = Some(l);
-                    Ok(Attempt::Leading)
-                }
-                Ok(Err(e)) if is_conflict(&e) => Ok(Attempt::Following {
-                    holder: "another replica (created concurrently)".into(),
-                }),
-                Ok(Err(e)) => Err(Error::kube(format!("create {what}"), e)),
-                Err(_) => Err(Error::Timeout {
-                    what: format!("create {what}"),
-                    after: crate::kubeapi::CALL_TIMEOUT,
-                }),
-            };
+            return self.create(&name, &what).await;
         };
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());

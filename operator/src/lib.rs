@@ -6,11 +6,17 @@
 //! One reconcile pass ([`reconcile::reconcile`]) runs validate -> benchmark -> project/tune ->
 //! job -> drift and is idempotent: deterministic object names, server-side apply of identical
 //! content, and the tuning result cached in the status for the generation it describes.
+//!
+//! Each step observes, decides and applies: [`benchmark`] and [`job`] each have `observe`
+//! (reads), `decide` (pure) and `apply` (writes); [`decide`] says what every outcome means to
+//! the status (conditions with typed [`reason::Reason`]s, the phase, when to look again);
+//! [`status`] writes it.
 
 pub mod benchmark;
 pub mod choose;
 pub mod conditions;
 pub mod context;
+pub mod decide;
 pub mod drift;
 pub mod error;
 pub mod http;
@@ -18,8 +24,11 @@ pub mod job;
 pub mod kubeapi;
 pub mod leader;
 pub mod metrics;
+pub mod reason;
 pub mod reconcile;
 pub mod status;
+#[cfg(test)]
+mod testing;
 
 pub use context::{Config, Context};
 pub use error::Error;

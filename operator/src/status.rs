@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn the_body_never_carries_measured() {
         let s = TrainingPlanStatus {
-            phase: Some("Ready".into()),
+            phase: Some(primus_crds::Phase::Ready),
             measured: Some(MeasuredThroughput {
                 tokens_per_second_per_gpu: 1.0,
                 reported_at: None,
@@ -121,10 +121,10 @@ mod tests {
     #[test]
     fn assembling_twice_gives_the_same_status() {
         let mut v = Verdicts::default();
-        v.set(READY, State::True, "Ready", "ok");
+        v.set(READY, State::True, crate::reason::Reason::Ready, "ok");
         let draft = TrainingPlanStatus {
             observed_generation: Some(3),
-            phase: Some("Ready".into()),
+            phase: Some(primus_crds::Phase::Ready),
             ..TrainingPlanStatus::default()
         };
         let t1 = Timestamp::from_second(10).unwrap();

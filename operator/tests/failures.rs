@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use primus_crds::BenchmarkReport;
+use primus_crds::{BenchmarkReport, Phase};
 use primus_tests::node_agent::{NodeAgent, Policy};
 use primus_tests::testbed;
 
@@ -65,10 +65,7 @@ fn an_invalid_plan_stalls_naming_the_field_until_it_is_fixed() {
     assert!(c.message.contains("spec.model.preset"), "{}", c.message);
     assert!(c.message.contains("llama3.1-8bb"), "{}", c.message);
     assert!(has(&plan, "Ready", "False"));
-    assert_eq!(
-        plan.status.as_ref().unwrap().phase.as_deref(),
-        Some("Stalled")
-    );
+    assert_eq!(plan.status.as_ref().unwrap().phase, Some(Phase::Stalled));
     assert_eq!(
         plan.status.as_ref().unwrap().observed_generation,
         plan.metadata.generation
@@ -283,7 +280,7 @@ fn a_benchmark_pod_that_keeps_dying_is_retried_then_reported() {
     assert!(has(&plan, "Stalled", "True"));
     assert!(has(&plan, "Ready", "False"));
     let st = plan.status.as_ref().unwrap();
-    assert_eq!(st.phase.as_deref(), Some("Failed"));
+    assert_eq!(st.phase, Some(Phase::Failed));
     assert_eq!(st.benchmark.as_ref().unwrap().attempts, 2);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let list = rt

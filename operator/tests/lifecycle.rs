@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use primus_crds::{BenchmarkReport, TrainingPlan};
+use primus_crds::{BenchmarkReport, Phase, TrainingPlan};
 use primus_tests::node_agent::{NodeAgent, binary};
 use primus_tests::testbed;
 
@@ -150,7 +150,7 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
     }));
     let st = plan.status.clone().unwrap();
     assert_eq!(st.observed_generation, plan.metadata.generation);
-    assert_eq!(st.phase.as_deref(), Some("Ready"));
+    assert_eq!(st.phase, Some(Phase::Ready));
     for (t, s) in [
         ("Ready", "True"),
         ("Reconciling", "False"),

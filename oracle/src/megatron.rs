@@ -182,6 +182,14 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     a
 }
 
+/// The Megatron flags of a layout and model: what a training container's arguments end with
+/// (the layout and training flags, then the architecture's).
+pub fn megatron_flags(s: &Scenario, l: &Layout) -> Vec<String> {
+    let mut flags = layout_args(s, l);
+    flags.extend(model_args(&s.model));
+    flags
+}
+
 /// Megatron flags describing a model card's architecture.
 pub fn model_args(m: &ModelCard) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();

@@ -10,6 +10,7 @@ use std::time::Instant;
 use kube::core::DynamicObject;
 use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use primus_crds::pytorchjob;
 
 use crate::trainingplan;
 use crate::validate::{Reason, Validator, Verdict};
@@ -27,14 +28,14 @@ impl Endpoint {
     /// The kind label of the metrics.
     pub fn kind(self) -> &'static str {
         match self {
-            Endpoint::PyTorchJob { .. } => "PyTorchJob",
+            Endpoint::PyTorchJob { .. } => pytorchjob::KIND,
             Endpoint::TrainingPlan => "TrainingPlan",
         }
     }
 
     fn group(self) -> &'static str {
         match self {
-            Endpoint::PyTorchJob { .. } => "kubeflow.org",
+            Endpoint::PyTorchJob { .. } => pytorchjob::GROUP,
             Endpoint::TrainingPlan => primus_crds::GROUP,
         }
     }
@@ -318,12 +319,12 @@ pub fn review_for(
     let api_version = object
         .get("apiVersion")
         .and_then(serde_json::Value::as_str)
-        .unwrap_or("kubeflow.org/v1");
+        .unwrap_or(pytorchjob::API_VERSION);
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let kind = object
         .get("kind")
         .and_then(serde_json::Value::as_str)
-        .unwrap_or("PyTorchJob");
+        .unwrap_or(pytorchjob::KIND);
     let gvk = serde_json::json!({"group": group, "version": version, "kind": kind});
     let gvr = serde_json::json!({
         "group": group,

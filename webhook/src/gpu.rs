@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::PodSpec;
 use primus_crds::annotations;
 use primus_oracle::hardware::HardwareProfile;
 use primus_oracle::profiles::Catalog;
-use serde_json::Value;
 
 /// Labels that name the GPU product on nodes, from the catalog (plus the two well-known ones).
 pub fn product_labels(catalog: &Catalog) -> Vec<String> {
@@ -38,26 +38,23 @@ pub fn gpu_resources(catalog: &Catalog) -> Vec<String> {
 }
 
 /// Product label values the pod's required node affinity allows, per label key.
-fn affinity_values<'a>(pod: &'a Value, label: &str) -> Vec<&'a str> {
-    let mut out = Vec::new();
+fn affinity_values<'a>(pod: &'a PodSpec, label: &str) -> Vec<&'a str> {
     let terms = pod
-        .get("affinity")
-        .and_then(|a| a.get("nodeAffinity"))
-        .and_then(|a| a.get("requiredDuringSchedulingIgnoredDuringExecution"))
-        .and_then(|r| r.get("nodeSelectorTerms"))
-        .and_then(Value::as_array);
-    for term in terms.into_iter().flatten() {
-        let exprs = term.get("matchExpressions").and_then(Value::as_array);
-        for e in exprs.into_iter().flatten() {
-            if e.get("key").and_then(Value::as_str) == Some(label)
-                && e.get("operator").and_then(Value::as_str) == Some("In")
-            {
-                let values = e.get("values").and_then(Value::as_array);
-                out.extend(values.into_iter().flatten().filter_map(Value::as_str));
-            }
-        }
-    }
-    out
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.key == label && e.operator == "In")
+        .flat_map(|e| e.values.iter().flatten().map(String::as_str))
+        .collect()
 }
 
 /// The GPU kind of a job and where it came from.
@@ -72,71 +69,18 @@ pub struct GpuKind {
 /// The GPU kind: node selector, then required node affinity, then the `primus.dev/gpu`
 /// annotation, then the GPU resource name when only one profile uses it.
 pub fn gpu_kind(
-    pods: &[&Value],
+    pods: &[&PodSpec],
     annotations: &BTreeMap<String, String>,
     resource: Option<&str>,
     catalog: &Catalog,
 ) -> Result<GpuKind, String> {
     let labels = product_labels(catalog);
     let mut unknown: Vec<String> = Vec::new();
-    for pod in pods {
-        if let Some(sel) = pod.get("nodeSelector").and_then(Value::as_object) {
-            for label in &labels {
-                if let Some(v) = sel.get(label).and_then(Value::as_str) {
-                    match catalog.hardware_by_product_label(v) {
-                        Some(p) => {
-                            return Ok(GpuKind {
-                                profile: p.clone(),
-                                source: format!("nodeSelector {label}={v}"),
-                                note: None,
-                            });
-                        }
-                        None => unknown.push(format!("nodeSelector {label}={v}")),
-                    }
-                }
-            }
-        }
+    if let Some(k) = by_node_selector(pods, &labels, catalog, &mut unknown) {
+        return Ok(k);
     }
-    for pod in pods {
-        for label in &labels {
-            let values = affinity_values(pod, label);
-            if values.is_empty() {
-                continue;
-            }
-            let mut found: Vec<&HardwareProfile> = Vec::new();
-            for v in &values {
-                match catalog.hardware_by_product_label(v) {
-                    Some(p) => {
-                        if !found.iter().any(|f| f.name == p.name) {
-                            found.push(p);
-                        }
-                    }
-                    None => unknown.push(format!("node affinity {label} In {v}")),
-                }
-            }
-            if found.is_empty() {
-                continue;
-            }
-            // The scheduler may place the job on any allowed kind: check the smallest.
-            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
-            let p = found[0];
-            let note = (found.len() > 1).then(|| {
-                format!(
-                    "node affinity allows {}: checked against the smallest, {}",
-                    found
-                        .iter()
-                        .map(|f| f.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    p.name
-                )
-            });
-            return Ok(GpuKind {
-                profile: p.clone(),
-                source: format!("node affinity {label} In [{}]", values.join(", ")),
-                note,
-            });
-        }
+    if let Some(k) = by_affinity(pods, &labels, catalog, &mut unknown) {
+        return Ok(k);
     }
     if let Some(name) = annotations.get(annotations::GPU) {
         return match catalog.hardware(name.trim()) {
@@ -171,6 +115,81 @@ pub fn gpu_kind(
             annotations::GPU
         ));
     };
+    by_resource(resource, catalog)
+}
+
+/// The first pod whose node selector names a known product (unknown ones go to `unknown`).
+fn by_node_selector(
+    pods: &[&PodSpec],
+    labels: &[String],
+    catalog: &Catalog,
+    unknown: &mut Vec<String>,
+) -> Option<GpuKind> {
+    for sel in pods.iter().filter_map(|p| p.node_selector.as_ref()) {
+        for label in labels {
+            let Some(v) = sel.get(label) else { continue };
+            match catalog.hardware_by_product_label(v) {
+                Some(p) => {
+                    return Some(GpuKind {
+                        profile: p.clone(),
+                        source: format!("nodeSelector {label}={v}"),
+                        note: None,
+                    });
+                }
+                None => unknown.push(format!("nodeSelector {label}={v}")),
+            }
+        }
+    }
+    None
+}
+
+/// The first pod whose required node affinity allows known products: the one with the least
+/// memory of them (the scheduler may place the job on any).
+fn by_affinity(
+    pods: &[&PodSpec],
+    labels: &[String],
+    catalog: &Catalog,
+    unknown: &mut Vec<String>,
+) -> Option<GpuKind> {
+    for pod in pods {
+        for label in labels {
+            let values = affinity_values(pod, label);
+            let mut found: Vec<&HardwareProfile> = Vec::new();
+            for v in &values {
+                match catalog.hardware_by_product_label(v) {
+                    Some(p) if !found.iter().any(|f| f.name == p.name) => found.push(p),
+                    Some(_) => {}
+                    None => unknown.push(format!("node affinity {label} In {v}")),
+                }
+            }
+            if found.is_empty() {
+                continue;
+            }
+            found.sort_by(|a, b| a.usable_bytes().total_cmp(&b.usable_bytes()));
+            let p = found[0];
+            let note = (found.len() > 1).then(|| {
+                format!(
+                    "node affinity allows {}: checked against the smallest, {}",
+                    found
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    p.name
+                )
+            });
+            return Some(GpuKind {
+                profile: p.clone(),
+                source: format!("node affinity {label} In [{}]", values.join(", ")),
+                note,
+            });
+        }
+    }
+    None
+}
+
+/// The profile of a GPU resource when exactly one uses it.
+fn by_resource(resource: &str, catalog: &Catalog) -> Result<GpuKind, String> {
     let candidates: Vec<&HardwareProfile> = catalog
         .hardware_profiles()
         .filter(|p| p.kubernetes.resource == resource)

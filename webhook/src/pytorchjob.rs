@@ -10,7 +10,10 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_crds::annotations;
+use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
@@ -72,100 +75,59 @@ pub fn annotation_field(key: &str) -> String {
 struct Replica<'a> {
     name: &'a str,
     replicas: u64,
-    pod_spec: Option<&'a Value>,
-    container: Option<&'a Value>,
+    pod_spec: Option<&'a PodSpec>,
+    container: Option<&'a Container>,
 }
 
-fn replicas_of(spec: &Value) -> Result<Vec<Replica<'_>>, DeriveError> {
-    let Some(specs) = spec.get("pytorchReplicaSpecs") else {
-        return Err(DeriveError::Missing(vec![
-            "spec.pytorchReplicaSpecs is missing".into(),
-        ]));
-    };
-    let Some(specs) = specs.as_object() else {
-        return Err(DeriveError::invalid(
-            "spec.pytorchReplicaSpecs",
-            "must be a mapping of replica type (Master, Worker) to replica spec",
-        ));
-    };
-    let mut out = Vec::new();
-    for (name, r) in specs {
-        let replicas = match r.get("replicas") {
-            None | Some(Value::Null) => 1,
-            Some(v) => v.as_u64().ok_or_else(|| {
-                DeriveError::invalid(
-                    format!("spec.pytorchReplicaSpecs.{name}.replicas"),
-                    format!("{v} is not a non-negative integer"),
-                )
-            })?,
-        };
-        let pod_spec = r.get("template").and_then(|t| t.get("spec"));
-        let container = pod_spec
-            .and_then(|p| p.get("containers"))
-            .and_then(Value::as_array)
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.get("name").and_then(Value::as_str) == Some("pytorch"))
-                    .or(if cs.len() == 1 { cs.first() } else { None })
-            });
-        out.push(Replica {
-            name,
-            replicas,
-            pod_spec,
-            container,
-        });
-    }
-    // Master first, then Worker, then anything else in name order (serde_json keeps keys
-    // sorted, so the order is stable).
-    out.sort_by_key(|r| match r.name.to_ascii_lowercase().as_str() {
-        "master" => 0,
-        "worker" => 1,
-        _ => 2,
-    });
-    Ok(out)
+fn replicas_of(spec: &PyTorchJobSpec) -> Result<Vec<Replica<'_>>, DeriveError> {
+    spec.replicas_in_order()
+        .into_iter()
+        .map(|(name, r)| {
+            let replicas = match r.replicas {
+                None => 1,
+                Some(n) => u64::try_from(n).map_err(|_| {
+                    DeriveError::invalid(
+                        format!("spec.pytorchReplicaSpecs.{name}.replicas"),
+                        format!("{n} is not a non-negative integer"),
+                    )
+                })?,
+            };
+            Ok(Replica {
+                name,
+                replicas,
+                pod_spec: r.pod_spec(),
+                container: r.training_container(),
+            })
+        })
+        .collect()
 }
 
 /// The words Megatron flags are read from: command, args, then env values.
-fn container_words(c: &Value) -> Vec<&str> {
-    let mut words = Vec::new();
-    for key in ["command", "args"] {
-        if let Some(list) = c.get(key).and_then(Value::as_array) {
-            words.extend(list.iter().filter_map(Value::as_str));
-        }
+fn container_words(c: &Container) -> Vec<&str> {
+    let mut words: Vec<&str> = Vec::new();
+    for list in [&c.command, &c.args].into_iter().flatten() {
+        words.extend(list.iter().map(String::as_str));
     }
-    if let Some(env) = c.get("env").and_then(Value::as_array) {
-        words.extend(
-            env.iter()
-                .filter_map(|e| e.get("value"))
-                .filter_map(Value::as_str),
-        );
+    for e in c.env.iter().flatten() {
+        words.extend(e.value.as_deref());
     }
     words
 }
 
 /// GPUs a container asks for: (resource name, count) from limits, else requests.
-fn gpu_limit(c: &Value, resources: &[String]) -> Result<Option<(String, u64)>, DeriveError> {
-    for section in ["limits", "requests"] {
-        let Some(map) = c
-            .get("resources")
-            .and_then(|r| r.get(section))
-            .and_then(Value::as_object)
-        else {
-            continue;
-        };
+fn gpu_limit(c: &Container, resources: &[String]) -> Result<Option<(String, u64)>, DeriveError> {
+    let Some(r) = &c.resources else {
+        return Ok(None);
+    };
+    for (section, map) in [("limits", &r.limits), ("requests", &r.requests)] {
+        let Some(map) = map else { continue };
         for res in resources {
-            if let Some(v) = map.get(res.as_str()) {
-                let n = match v {
-                    Value::Number(n) => n.as_u64(),
-                    Value::String(s) => s.trim().parse::<u64>().ok(),
-                    _ => None,
-                };
-                let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
-                return match n {
-                    Some(n) => Ok(Some((res.clone(), n))),
-                    None => Err(DeriveError::invalid(
-                        format!("containers[{name}].resources.{section}[{res}]"),
-                        format!("{v} is not a whole number of GPUs"),
+            if let Some(q) = map.get(res.as_str()) {
+                return match q.0.trim().parse::<u64>() {
+                    Ok(n) => Ok(Some((res.clone(), n))),
+                    Err(_) => Err(DeriveError::invalid(
+                        format!("containers[{}].resources.{section}[{res}]", c.name),
+                        format!("{:?} is not a whole number of GPUs", q.0),
                     )),
                 };
             }
@@ -177,7 +139,7 @@ fn gpu_limit(c: &Value, resources: &[String]) -> Result<Option<(String, u64)>, D
 /// Processes per replica: `nprocPerNode` (an integer, or `gpu`/`auto` = the GPU limit), else
 /// `elasticPolicy.nProcPerNode`, else the GPU limit.
 fn procs_per_replica(
-    spec: &Value,
+    spec: &PyTorchJobSpec,
     gpus: Option<u64>,
     replica: &str,
 ) -> Result<Result<u64, String>, DeriveError> {
@@ -188,8 +150,8 @@ fn procs_per_replica(
             )
         })
     };
-    match spec.get("nprocPerNode") {
-        Some(Value::String(s)) => {
+    match &spec.nproc_per_node {
+        Some(IntOrString::String(s)) => {
             let s = s.trim();
             match s {
                 "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {s:?}"))),
@@ -203,28 +165,17 @@ fn procs_per_replica(
                 },
             }
         }
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(n) if n > 0 => Ok(Ok(n)),
+        Some(IntOrString::Int(n)) => match u64::try_from(*n) {
+            Ok(n) if n > 0 => Ok(Ok(n)),
             _ => Err(DeriveError::invalid(
                 "spec.nprocPerNode",
                 format!("{n} is not a positive integer"),
             )),
         },
-        Some(Value::Null) | None => {
-            match spec
-                .get("elasticPolicy")
-                .and_then(|e| e.get("nProcPerNode"))
-            {
-                Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {
-                    Ok(Ok(n.as_u64().unwrap_or(1)))
-                }
-                _ => Ok(from_gpus("no nprocPerNode")),
-            }
-        }
-        Some(other) => Err(DeriveError::invalid(
-            "spec.nprocPerNode",
-            format!("{other} is not a string"),
-        )),
+        None => match spec.elastic_policy.as_ref().and_then(|e| e.n_proc_per_node) {
+            Some(n) if n > 0 => Ok(Ok(n as u64)),
+            _ => Ok(from_gpus("no nprocPerNode")),
+        },
     }
 }
 
@@ -293,7 +244,8 @@ fn parse_annotation<T: serde::de::DeserializeOwned>(
 }
 
 /// Derive the scenario and layout of a PyTorchJob (`data` is the object without metadata, as
-/// in a `DynamicObject`; `annotations` its metadata annotations).
+/// in a `DynamicObject`; `annotations` its metadata annotations). The spec is read as the
+/// typed [`PyTorchJobSpec`]; a field of the wrong type is named.
 pub fn derive(
     data: &Value,
     annotations: &BTreeMap<String, String>,
@@ -302,9 +254,32 @@ pub fn derive(
     let Some(spec) = data.get("spec").filter(|s| s.is_object()) else {
         return Err(DeriveError::Missing(vec!["the job has no spec".into()]));
     };
+    match spec.get("pytorchReplicaSpecs") {
+        None => {
+            return Err(DeriveError::Missing(vec![
+                "spec.pytorchReplicaSpecs is missing".into(),
+            ]));
+        }
+        Some(r) if !r.is_object() => {
+            return Err(DeriveError::invalid(
+                "spec.pytorchReplicaSpecs",
+                "must be a mapping of replica type (Master, Worker) to replica spec",
+            ));
+        }
+        Some(_) => {}
+    }
+    let spec: PyTorchJobSpec = from_json_at(spec, "spec").map_err(DeriveError::Invalid)?;
+    derive_spec(&spec, annotations, catalog)
+}
+
+/// [`derive`] from the typed spec.
+pub fn derive_spec(
+    spec: &PyTorchJobSpec,
+    annotations: &BTreeMap<String, String>,
+    catalog: &Catalog,
+) -> Result<DerivedJob, DeriveError> {
     let replicas = replicas_of(spec)?;
     let mut missing: Vec<String> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
 
     // The container whose flags describe the job: Master's, else Worker's.
     let primary = replicas.iter().find(|r| r.container.is_some());
@@ -315,190 +290,30 @@ pub fn derive(
     let args = MegatronArgs::parse(words.iter().copied());
     bounds::check_flags(&args).map_err(DeriveError::Invalid)?;
 
-    // Model: annotations, then architecture flags.
-    let card_annotation: Option<ModelCard> =
-        parse_annotation(annotations, annotations::MODEL_CARD)?;
-    let model = if let Some(card) = card_annotation {
-        let at = annotation_field(annotations::MODEL_CARD);
-        bounds::check_card(&card, &format!("{at}.")).map_err(DeriveError::Invalid)?;
-        card.validate(&at).map_err(DeriveError::Invalid)?;
-        Some(card)
-    } else if let Some(name) = annotations.get(annotations::MODEL) {
-        match catalog.model(name.trim()) {
-            Some(card) => Some(card.clone()),
-            None => {
-                missing.push(format!(
-                    "model: unknown preset {name:?} in annotation {}; known: {}",
-                    annotations::MODEL,
-                    catalog.model_names().join(", ")
-                ));
-                None
-            }
-        }
-    } else {
-        match args.model_card().map_err(DeriveError::Invalid)? {
-            Some(card) => {
-                bounds::check_card(&card, "--").map_err(DeriveError::Invalid)?;
-                card.validate("megatron flags")
-                    .map_err(DeriveError::Invalid)?;
-                Some(card)
-            }
-            None => {
-                missing.push(format!(
-                    "model: no annotation {} (a preset: {}) and no complete architecture flags ({} {} {} {})",
-                    annotations::MODEL,
-                    catalog.model_names().join(", "),
-                    flag::NUM_LAYERS,
-                    flag::HIDDEN,
-                    flag::HEADS,
-                    flag::VOCAB
-                ));
-                None
-            }
-        }
-    };
-
-    // Training settings: annotation, then flags.
-    let training = match parse_annotation::<Training>(annotations, annotations::TRAINING)? {
-        Some(t) => Some(t),
-        None => {
-            let t = args.training().map_err(DeriveError::Invalid)?;
-            if t.is_none() {
-                missing.push(format!(
-                    "training: no {} and {} flags and no annotation {}",
-                    flag::SEQ,
-                    flag::GBS,
-                    annotations::TRAINING
-                ));
-            }
-            t
-        }
-    };
-    if let Some(t) = &training {
-        let field = |f: &str| {
-            if annotations.contains_key(annotations::TRAINING) {
-                format!("{}.{f}", annotation_field(annotations::TRAINING))
-            } else if f == "seqLength" {
-                flag::SEQ.to_string()
-            } else {
-                flag::GBS.to_string()
-            }
-        };
-        if t.seq_length == 0 || t.seq_length > limits::SEQ {
-            return Err(DeriveError::invalid(
-                field("seqLength"),
-                format!(
-                    "{} is not a sequence length in 1..={}",
-                    t.seq_length,
-                    limits::SEQ
-                ),
-            ));
-        }
-        if t.global_batch_size == 0 || t.global_batch_size > limits::GBS {
-            return Err(DeriveError::invalid(
-                field("globalBatchSize"),
-                format!(
-                    "{} is not a global batch size in 1..={}",
-                    t.global_batch_size,
-                    limits::GBS
-                ),
-            ));
-        }
-    }
-
-    // World size and GPUs per node.
-    let resources = gpu::gpu_resources(catalog);
-    let mut world: u64 = 0;
-    let mut per_node: Option<u64> = None;
-    let mut resource: Option<String> = None;
-    let mut world_known = true;
-    for r in &replicas {
-        let gpus = match r.container {
-            Some(c) => gpu_limit(c, &resources)?,
-            None => None,
-        };
-        if let Some((res, _)) = &gpus
-            && resource.is_none()
-        {
-            resource = Some(res.clone());
-        }
-        if r.container.is_none() {
-            missing.push(format!(
-                "GPUs per {} replica: no container named pytorch in its pod template",
-                r.name
-            ));
-            world_known = false;
-            continue;
-        }
-        match procs_per_replica(spec, gpus.map(|(_, n)| n), r.name)? {
-            Ok(n) => {
-                world = world.saturating_add(r.replicas.saturating_mul(n));
-                if per_node.is_none() {
-                    per_node = Some(n);
-                }
-            }
-            Err(why) => {
-                missing.push(why);
-                world_known = false;
-            }
-        }
-    }
-    if world_known && world == 0 {
-        missing.push("world size: the replicas add up to 0 GPUs".into());
-    }
-    if world > limits::WORLD {
-        return Err(DeriveError::invalid(
-            "spec.pytorchReplicaSpecs",
-            format!(
-                "replicas x nprocPerNode = {world} GPUs is beyond any real job (at most {})",
-                limits::WORLD
-            ),
-        ));
-    }
-
-    // GPU kind.
-    let pods: Vec<&Value> = replicas.iter().filter_map(|r| r.pod_spec).collect();
-    let gpu = match gpu::gpu_kind(&pods, annotations, resource.as_deref(), catalog) {
-        Ok(g) => {
-            notes.extend(g.note.clone());
-            Some(g)
-        }
-        Err(why) => {
-            missing.push(why);
-            None
-        }
-    };
-
-    // Layout: annotation, then flags (which need the model's layer count for VPP).
-    let annotated: Option<Layout> = parse_annotation(annotations, annotations::LAYOUT)?;
-    let (layout, layout_source) = match annotated {
-        Some(l) => (Some(l), LayoutSource::Annotation),
-        None => match &model {
-            Some(m) => {
-                let l = args.layout(m).map_err(DeriveError::Invalid)?;
-                (Some(l), LayoutSource::Flags)
-            }
-            None => (None, LayoutSource::Flags),
-        },
-    };
+    let model = model_of(&args, annotations, catalog)?.map_err(|m| missing.push(m));
+    let training = training_of(&args, annotations)?.map_err(|m| missing.push(m));
+    let world = world_of(spec, &replicas, catalog, &mut missing)?;
+    let pods: Vec<&PodSpec> = replicas.iter().filter_map(|r| r.pod_spec).collect();
+    let gpu = gpu::gpu_kind(&pods, annotations, world.resource.as_deref(), catalog)
+        .map_err(|m| missing.push(m));
+    let (layout, layout_source) = layout_of(&args, annotations, model.as_ref().ok())?;
 
     if !missing.is_empty() {
         return Err(DeriveError::Missing(missing));
     }
-    let (Some(model), Some(training), Some(gpu), Some(layout)) = (model, training, gpu, layout)
-    else {
+    let (Ok(model), Ok(training), Ok(gpu), Some(layout)) = (model, training, gpu, layout) else {
         return Err(DeriveError::Missing(vec![
             "the job could not be derived".into(),
         ]));
     };
     let name = |f: &str| job_field(&format!("spec.parallelism.{f}"), layout_source);
-    bounds::check_layout(&layout, world, &name).map_err(DeriveError::Invalid)?;
-    let gpus_per_node = per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
+    bounds::check_layout(&layout, world.gpus, &name).map_err(DeriveError::Invalid)?;
+    let gpus_per_node = world.per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
     let scenario = Scenario {
         model,
         hardware: gpu.profile,
         cluster: Cluster {
-            gpus: world as u32,
+            gpus: world.gpus as u32,
             gpus_per_node: gpus_per_node.clamp(1, limits::AXIS as u64) as u32,
         },
         training,
@@ -514,6 +329,178 @@ pub fn derive(
         layout,
         layout_source,
         gpu_source: gpu.source,
-        notes,
+        notes: gpu.note.into_iter().collect(),
     })
+}
+
+/// The model: the card annotation, else the preset annotation, else the architecture flags
+/// (`Ok(Err(line))`: what to add).
+fn model_of(
+    args: &MegatronArgs,
+    annotations: &BTreeMap<String, String>,
+    catalog: &Catalog,
+) -> Result<Result<ModelCard, String>, DeriveError> {
+    if let Some(card) = parse_annotation::<ModelCard>(annotations, annotations::MODEL_CARD)? {
+        let at = annotation_field(annotations::MODEL_CARD);
+        bounds::check_card(&card, &format!("{at}.")).map_err(DeriveError::Invalid)?;
+        card.validate(&at).map_err(DeriveError::Invalid)?;
+        return Ok(Ok(card));
+    }
+    if let Some(name) = annotations.get(annotations::MODEL) {
+        return Ok(catalog.model(name.trim()).cloned().ok_or_else(|| {
+            format!(
+                "model: unknown preset {name:?} in annotation {}; known: {}",
+                annotations::MODEL,
+                catalog.model_names().join(", ")
+            )
+        }));
+    }
+    match args.model_card().map_err(DeriveError::Invalid)? {
+        Some(card) => {
+            bounds::check_card(&card, "--").map_err(DeriveError::Invalid)?;
+            card.validate("megatron flags")
+                .map_err(DeriveError::Invalid)?;
+            Ok(Ok(card))
+        }
+        None => Ok(Err(format!(
+            "model: no annotation {} (a preset: {}) and no complete architecture flags ({} {} {} {})",
+            annotations::MODEL,
+            catalog.model_names().join(", "),
+            flag::NUM_LAYERS,
+            flag::HIDDEN,
+            flag::HEADS,
+            flag::VOCAB
+        ))),
+    }
+}
+
+/// Training settings: the annotation, else the flags; bounded.
+fn training_of(
+    args: &MegatronArgs,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Result<Training, String>, DeriveError> {
+    let annotated = parse_annotation::<Training>(annotations, annotations::TRAINING)?;
+    let t = match annotated {
+        Some(t) => t,
+        None => match args.training().map_err(DeriveError::Invalid)? {
+            Some(t) => t,
+            None => {
+                return Ok(Err(format!(
+                    "training: no {} and {} flags and no annotation {}",
+                    flag::SEQ,
+                    flag::GBS,
+                    annotations::TRAINING
+                )));
+            }
+        },
+    };
+    let field = |f: &str| {
+        if annotations.contains_key(annotations::TRAINING) {
+            format!("{}.{f}", annotation_field(annotations::TRAINING))
+        } else if f == "seqLength" {
+            flag::SEQ.to_string()
+        } else {
+            flag::GBS.to_string()
+        }
+    };
+    if t.seq_length == 0 || t.seq_length > limits::SEQ {
+        return Err(DeriveError::invalid(
+            field("seqLength"),
+            format!(
+                "{} is not a sequence length in 1..={}",
+                t.seq_length,
+                limits::SEQ
+            ),
+        ));
+    }
+    if t.global_batch_size == 0 || t.global_batch_size > limits::GBS {
+        return Err(DeriveError::invalid(
+            field("globalBatchSize"),
+            format!(
+                "{} is not a global batch size in 1..={}",
+                t.global_batch_size,
+                limits::GBS
+            ),
+        ));
+    }
+    Ok(Ok(t))
+}
+
+/// The job's GPUs: how many in all, per node, and of which resource.
+struct World {
+    gpus: u64,
+    per_node: Option<u64>,
+    resource: Option<String>,
+}
+
+/// World size and GPUs per node from the replicas (what cannot be known goes to `missing`).
+fn world_of(
+    spec: &PyTorchJobSpec,
+    replicas: &[Replica<'_>],
+    catalog: &Catalog,
+    missing: &mut Vec<String>,
+) -> Result<World, DeriveError> {
+    let resources = gpu::gpu_resources(catalog);
+    let mut w = World {
+        gpus: 0,
+        per_node: None,
+        resource: None,
+    };
+    let mut known = true;
+    for r in replicas {
+        let Some(c) = r.container else {
+            missing.push(format!(
+                "GPUs per {} replica: no container named pytorch in its pod template",
+                r.name
+            ));
+            known = false;
+            continue;
+        };
+        let gpus = gpu_limit(c, &resources)?;
+        if let Some((res, _)) = &gpus
+            && w.resource.is_none()
+        {
+            w.resource = Some(res.clone());
+        }
+        match procs_per_replica(spec, gpus.map(|(_, n)| n), r.name)? {
+            Ok(n) => {
+                w.gpus = w.gpus.saturating_add(r.replicas.saturating_mul(n));
+                w.per_node.get_or_insert(n);
+            }
+            Err(why) => {
+                missing.push(why);
+                known = false;
+            }
+        }
+    }
+    if known && w.gpus == 0 {
+        missing.push("world size: the replicas add up to 0 GPUs".into());
+    }
+    if w.gpus > limits::WORLD {
+        return Err(DeriveError::invalid(
+            "spec.pytorchReplicaSpecs",
+            format!(
+                "replicas x nprocPerNode = {} GPUs is beyond any real job (at most {})",
+                w.gpus,
+                limits::WORLD
+            ),
+        ));
+    }
+    Ok(w)
+}
+
+/// The layout: the annotation, else the flags (which need the model's layer count for VPP).
+fn layout_of(
+    args: &MegatronArgs,
+    annotations: &BTreeMap<String, String>,
+    model: Option<&ModelCard>,
+) -> Result<(Option<Layout>, LayoutSource), DeriveError> {
+    if let Some(l) = parse_annotation::<Layout>(annotations, annotations::LAYOUT)? {
+        return Ok((Some(l), LayoutSource::Annotation));
+    }
+    let layout = match model {
+        Some(m) => Some(args.layout(m).map_err(DeriveError::Invalid)?),
+        None => None,
+    };
+    Ok((layout, LayoutSource::Flags))
 }

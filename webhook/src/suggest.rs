@@ -321,63 +321,22 @@ pub fn search(
     deadline: Instant,
     max: usize,
 ) -> SearchOutcome {
-    let mut out = SearchOutcome::default();
-    let mut found: Vec<Suggestion> = Vec::new();
-    let evaluate =
-        |ms: &[(Move, f64)], out: &mut SearchOutcome, found: &mut Vec<Suggestion>| -> Option<f64> {
-            let mut l = current.clone();
-            for (m, _) in ms {
-                m.apply(&mut l);
-            }
-            if l == *current || l.check(s).is_err() {
-                return None;
-            }
-            out.evaluated += 1;
-            let (peak, _) = memory::peak_bytes(s, &l);
-            if peak.is_finite() && peak <= limit_bytes {
-                found.push(Suggestion {
-                    moves: ms.iter().map(|(m, _)| *m).collect(),
-                    layout: l,
-                    peak_bytes: peak,
-                    cost: ms.iter().map(|(_, c)| c).sum(),
-                });
-            }
-            Some(peak)
-        };
-
+    let mut search = Search {
+        s,
+        current,
+        limit_bytes,
+        deadline,
+        out: SearchOutcome::default(),
+        found: Vec::new(),
+    };
     let mut singles = moves(s, current);
-    // Partial full recompute: the fewest layers per chunk that fit (a smaller change than
-    // recomputing every layer).
-    if current.recompute != Recompute::Full || current.recompute_layers > 0 {
-        let chunk_layers = s.model.layers / (current.pp.max(1) * current.vpp.max(1)).max(1);
-        let start = if current.recompute == Recompute::Full {
-            current.recompute_layers + 1
-        } else {
-            1
-        };
-        for n in start..chunk_layers {
-            if Instant::now() > deadline {
-                out.timed_out = true;
-                break;
-            }
-            let m = (
-                Move::Recompute(Recompute::Full, n),
-                1.0 + 1.5 * n as f64 / chunk_layers as f64,
-            );
-            if let Some(peak) = evaluate(&[m], &mut out, &mut found)
-                && peak <= limit_bytes
-            {
-                break;
-            }
-        }
-    }
-    let mut fitting_single: Vec<Move> = found.iter().map(|f| f.moves[0]).collect();
+    search.partial_full_recompute();
+    let mut fitting_single: Vec<Move> = search.found.iter().map(|f| f.moves[0]).collect();
     for &m in &singles {
-        if Instant::now() > deadline {
-            out.timed_out = true;
+        if search.late() {
             break;
         }
-        if let Some(peak) = evaluate(&[m], &mut out, &mut found)
+        if let Some(peak) = search.evaluate(&[m])
             && peak <= limit_bytes
         {
             fitting_single.push(m.0);
@@ -386,20 +345,12 @@ pub fn search(
     // Pairs: only of moves that do not fit alone (a pair containing a fitting move is a
     // larger change than that move).
     singles.retain(|(m, _)| !fitting_single.contains(m));
-    if found.len() < max {
-        'pairs: for (i, a) in singles.iter().enumerate() {
-            for b in &singles[i + 1..] {
-                if a.0.axis() == b.0.axis() {
-                    continue;
-                }
-                if Instant::now() > deadline {
-                    out.timed_out = true;
-                    break 'pairs;
-                }
-                evaluate(&[*a, *b], &mut out, &mut found);
-            }
-        }
+    if search.found.len() < max {
+        search.pairs(&singles);
     }
+    let Search {
+        mut out, mut found, ..
+    } = search;
     found.sort_by(|a, b| {
         a.moves
             .len()
@@ -422,4 +373,92 @@ pub fn search(
         }
     }
     out
+}
+
+/// One search: what it evaluated and what fits so far.
+struct Search<'a> {
+    s: &'a Scenario,
+    current: &'a Layout,
+    limit_bytes: f64,
+    deadline: Instant,
+    out: SearchOutcome,
+    found: Vec<Suggestion>,
+}
+
+impl Search<'_> {
+    /// Whether the deadline passed (then the outcome says so).
+    fn late(&mut self) -> bool {
+        let late = Instant::now() > self.deadline;
+        if late {
+            self.out.timed_out = true;
+        }
+        late
+    }
+
+    /// Project the layout `ms` make of the current one; keep it when it fits. The predicted
+    /// peak, or `None` for no change or an illegal layout.
+    fn evaluate(&mut self, ms: &[(Move, f64)]) -> Option<f64> {
+        let mut l = self.current.clone();
+        for (m, _) in ms {
+            m.apply(&mut l);
+        }
+        if l == *self.current || l.check(self.s).is_err() {
+            return None;
+        }
+        self.out.evaluated += 1;
+        let (peak, _) = memory::peak_bytes(self.s, &l);
+        if peak.is_finite() && peak <= self.limit_bytes {
+            self.found.push(Suggestion {
+                moves: ms.iter().map(|(m, _)| *m).collect(),
+                layout: l,
+                peak_bytes: peak,
+                cost: ms.iter().map(|(_, c)| c).sum(),
+            });
+        }
+        Some(peak)
+    }
+
+    /// Partial full recompute: the fewest layers per chunk that fit (a smaller change than
+    /// recomputing every layer).
+    fn partial_full_recompute(&mut self) {
+        let current = self.current;
+        if current.recompute == Recompute::Full && current.recompute_layers == 0 {
+            return;
+        }
+        let chunk_layers = self.s.model.layers / (current.pp.max(1) * current.vpp.max(1)).max(1);
+        let start = if current.recompute == Recompute::Full {
+            current.recompute_layers + 1
+        } else {
+            1
+        };
+        for n in start..chunk_layers {
+            if self.late() {
+                break;
+            }
+            let m = (
+                Move::Recompute(Recompute::Full, n),
+                1.0 + 1.5 * n as f64 / chunk_layers as f64,
+            );
+            if let Some(peak) = self.evaluate(&[m])
+                && peak <= self.limit_bytes
+            {
+                break;
+            }
+        }
+    }
+
+    /// Every pair of moves on different axes.
+    fn pairs(&mut self, singles: &[(Move, f64)]) {
+        for (i, a) in singles.iter().enumerate() {
+            for b in &singles[i + 1..] {
+                if a.0.axis() == b.0.axis() {
+                    continue;
+                }
+                if self.late() {
+                    return;
+                }
+                self.evaluate(&[*a, *b]);
+            }
+        }
+    }
 }

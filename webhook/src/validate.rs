@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use primus_crds::annotations;
+use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::layout::Layout;
 use primus_oracle::memory;
 use primus_oracle::profiles::Catalog;
@@ -383,18 +384,60 @@ pub fn unchanged_but_suspend(old: &Value, new: &Value) -> Option<Reason> {
     if old_spec == new_spec {
         return Some(Reason::MetadataOnly);
     }
-    let strip = |spec: Option<&Value>| -> Option<Value> {
-        let mut spec = spec?.clone();
-        if let Some(rp) = spec.get_mut("runPolicy").and_then(Value::as_object_mut) {
-            rp.remove("suspend");
-            if rp.is_empty() {
-                spec.as_object_mut()?.remove("runPolicy");
-            }
+    let (a, b) = (without_suspend(old_spec?), without_suspend(new_spec?));
+    (a == b).then_some(Reason::SuspendOnly)
+}
+
+/// A job spec without `runPolicy.suspend`, for comparing.
+#[derive(Debug, PartialEq)]
+enum Unsuspended {
+    /// Read as the typed spec.
+    Typed(Box<PyTorchJobSpec>),
+    /// A spec the types cannot read (a pod template the vendored CRD did not validate),
+    /// compared as JSON: an update of such a job that only flips suspend still needs no
+    /// projection.
+    Json(Value),
+}
+
+fn without_suspend(spec: &Value) -> Unsuspended {
+    if let Ok(s) = from_json_at::<PyTorchJobSpec>(spec, "spec") {
+        return Unsuspended::Typed(Box::new(s.without_suspend()));
+    }
+    let mut spec = spec.clone();
+    if let Some(rp) = spec.get_mut("runPolicy").and_then(Value::as_object_mut) {
+        rp.remove("suspend");
+        if rp.is_empty()
+            && let Some(s) = spec.as_object_mut()
+        {
+            s.remove("runPolicy");
         }
-        Some(spec)
-    };
-    match (strip(old_spec), strip(new_spec)) {
-        (Some(a), Some(b)) if a == b => Some(Reason::SuspendOnly),
-        _ => None,
+    }
+    Unsuspended::Json(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn suspend_flips_are_found_in_typed_and_untyped_specs() {
+        for template in [
+            json!({"spec": {"containers": [{"name": "pytorch", "image": "i"}]}}),
+            // A pod template the types cannot read (the vendored CRD keeps it unvalidated).
+            json!({"spec": {"containers": "x"}}),
+        ] {
+            let old = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": template}}}});
+            let mut new = old.clone();
+            new["spec"]["runPolicy"] = json!({"suspend": true});
+            assert_eq!(unchanged_but_suspend(&old, &new), Some(Reason::SuspendOnly));
+            assert_eq!(
+                unchanged_but_suspend(&new, &new),
+                Some(Reason::MetadataOnly)
+            );
+            let mut changed = new.clone();
+            changed["spec"]["nprocPerNode"] = json!("4");
+            assert_eq!(unchanged_but_suspend(&old, &changed), None);
+        }
     }
 }

@@ -139,21 +139,8 @@ fn render() -> Result<String, String> {
         .find(|(name, _)| name == CRD_FILE)
         .ok_or_else(|| format!("crdgen rendered no {CRD_FILE}"))?;
     let crd: Value = serde_saphyr::from_str(&yaml).map_err(|e| format!("{CRD_FILE}: {e}"))?;
-    let spec = &crd["spec"];
-    let version = &spec["versions"][0];
+    let version = &crd["spec"]["versions"][0];
     let schema = &version["schema"]["openAPIV3Schema"];
-    let names = &spec["names"];
-    let list = |v: &Value| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(|s| format!("`{s}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    };
 
     let mut out = String::new();
     let _ = writeln!(out, "# TrainingPlan reference\n");
@@ -166,48 +153,11 @@ fn render() -> Result<String, String> {
         "{}\n",
         one_line(schema["description"].as_str().unwrap_or_default())
     );
-    let _ = writeln!(out, "| | |\n|---|---|");
-    let _ = writeln!(
-        out,
-        "| API version | `{}/{}` |",
-        spec["group"].as_str().unwrap_or_default(),
-        version["name"].as_str().unwrap_or_default()
-    );
-    let _ = writeln!(
-        out,
-        "| Kind | `{}` |",
-        names["kind"].as_str().unwrap_or_default()
-    );
-    let _ = writeln!(
-        out,
-        "| Scope | {} |",
-        spec["scope"].as_str().unwrap_or_default()
-    );
-    let _ = writeln!(
-        out,
-        "| Plural | `{}` |",
-        names["plural"].as_str().unwrap_or_default()
-    );
-    let _ = writeln!(out, "| Short names | {} |", list(&names["shortNames"]));
-    let _ = writeln!(out, "| Categories | {} |", list(&names["categories"]));
-    let subresources: Vec<&String> = version["subresources"]
-        .as_object()
-        .map(|m| m.keys().collect())
-        .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "| Subresources | {} |\n",
-        subresources
-            .iter()
-            .map(|s| format!("`{s}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    overview(&crd, &mut out);
     let _ = writeln!(
         out,
         "The same document drives the CLI (`primus project -f plan.yaml`) and the operator (`kubectl apply -f plan.yaml`); `examples/` holds complete plans. `kubectl explain trainingplan.spec` shows these descriptions too.\n"
     );
-
     if let Some(cols) = version["additionalPrinterColumns"].as_array() {
         let _ = writeln!(out, "## Columns of `kubectl get trainingplans`\n");
         let _ = writeln!(out, "| Column | Type | JSON path |\n|---|---|---|");
@@ -240,6 +190,46 @@ fn render() -> Result<String, String> {
         out.push('\n');
     }
     Ok(out.trim_end().to_string() + "\n")
+}
+
+/// The table of names: API version, kind, scope, plural, short names, categories,
+/// subresources.
+fn overview(crd: &Value, out: &mut String) {
+    let spec = &crd["spec"];
+    let version = &spec["versions"][0];
+    let names = &spec["names"];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let codes = |items: Vec<&str>| {
+        items
+            .iter()
+            .map(|s| format!("`{s}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let list = |v: &Value| {
+        codes(
+            v.as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default(),
+        )
+    };
+    let subresources: Vec<&str> = version["subresources"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let _ = writeln!(out, "| | |\n|---|---|");
+    let _ = writeln!(
+        out,
+        "| API version | `{}/{}` |",
+        text(&spec["group"]),
+        text(&version["name"])
+    );
+    let _ = writeln!(out, "| Kind | `{}` |", text(&names["kind"]));
+    let _ = writeln!(out, "| Scope | {} |", text(&spec["scope"]));
+    let _ = writeln!(out, "| Plural | `{}` |", text(&names["plural"]));
+    let _ = writeln!(out, "| Short names | {} |", list(&names["shortNames"]));
+    let _ = writeln!(out, "| Categories | {} |", list(&names["categories"]));
+    let _ = writeln!(out, "| Subresources | {} |\n", codes(subresources));
 }
 
 fn main() -> ExitCode {

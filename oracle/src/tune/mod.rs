@@ -34,7 +34,6 @@ pub mod agent;
 pub mod bound;
 pub mod evolutionary;
 pub mod exhaustive;
-pub mod job;
 pub mod prefilter;
 pub mod result;
 pub mod seed;

@@ -220,10 +220,57 @@ async fn main() -> Result<()> {
         bail!("--connections must be at least 1");
     }
     let url = Arc::new(parse_url(&args.url)?);
-    let name = args.server_name.clone().unwrap_or_else(|| url.host.clone());
     let ca = std::fs::read(&args.ca).with_context(|| format!("{}", args.ca.display()))?;
     let config = client_config(&ca)?;
-    let body: Bytes = match (&args.body, &args.manifest) {
+    let body = request_body(&args)?;
+    let (senders, mut sample_rx) = open_connections(&args, url, config, body).await?;
+
+    let cpu_before = args.pid.and_then(cpu_ticks);
+    let warmup = args.warmup_seconds;
+    let total = warmup + args.duration_seconds;
+    let start = Instant::now();
+    let rss_task = tokio::spawn(watch_rss(args.pid, start, warmup, total));
+    let period = Duration::from_secs_f64(1.0 / args.rate);
+    let dispatcher = std::thread::spawn(move || dispatch(senders, start, period, warmup, total));
+    let dropped = tokio::task::spawn_blocking(move || dispatcher.join().unwrap_or(0))
+        .await
+        .unwrap_or(0);
+    let measured_span = start.elapsed().saturating_sub(warmup);
+    let mut t = Tally::default();
+    while let Some(s) = sample_rx.recv().await {
+        t.add(s);
+    }
+    let cpu_after = args.pid.and_then(cpu_ticks);
+    let (max_rss, hwm, last_rss) = rss_task.await.unwrap_or((0, 0, 0));
+    t.latencies.sort();
+    t.services.sort();
+    // Clock ticks per second: 100 on Linux for every architecture this runs on.
+    let cpu_seconds = match (cpu_before, cpu_after) {
+        (Some(a), Some(b)) => Some((b.saturating_sub(a)) as f64 / 100.0),
+        _ => None,
+    };
+    let run = Run {
+        tally: t,
+        dropped,
+        measured_span,
+        elapsed_total: start.elapsed().as_secs_f64(),
+        cpu_seconds,
+        rss: (max_rss, hwm, last_rss),
+    };
+    if args.json {
+        println!("{}", run.json(&args));
+    } else {
+        run.print(&args);
+    }
+    if run.tally.errors + dropped > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// The AdmissionReview to send: `--body` as is, or `--manifest` wrapped into a CREATE review.
+fn request_body(args: &Args) -> Result<Bytes> {
+    Ok(match (&args.body, &args.manifest) {
         (Some(p), _) => std::fs::read(p)
             .with_context(|| format!("{}", p.display()))?
             .into(),
@@ -241,10 +288,20 @@ async fn main() -> Result<()> {
             serde_json::to_vec(&review)?.into()
         }
         (None, None) => bail!("give --body or --manifest"),
-    };
+    })
+}
 
-    // Open every connection before the clock starts.
-    let (sample_tx, mut sample_rx) = mpsc::unbounded_channel();
+type Jobs = mpsc::Sender<(Instant, bool)>;
+
+/// Open every connection (and check it answers) before the clock starts; one worker each.
+async fn open_connections(
+    args: &Args,
+    url: Arc<Url>,
+    config: Arc<rustls::ClientConfig>,
+    body: Bytes,
+) -> Result<(Vec<Jobs>, mpsc::UnboundedReceiver<Sample>)> {
+    let name = args.server_name.clone().unwrap_or_else(|| url.host.clone());
+    let (sample_tx, sample_rx) = mpsc::unbounded_channel();
     let mut senders = Vec::new();
     for _ in 0..args.connections {
         let mut probe = Connection::open(url.addr, &name, config.clone())
@@ -270,162 +327,183 @@ async fn main() -> Result<()> {
             sample_tx.clone(),
         ));
     }
-    drop(sample_tx);
+    Ok((senders, sample_rx))
+}
 
-    let cpu_before = args.pid.and_then(cpu_ticks);
-    let period = Duration::from_secs_f64(1.0 / args.rate);
-    let warmup = args.warmup_seconds;
-    let total = warmup + args.duration_seconds;
-    let start = Instant::now();
-    let rss_pid = args.pid;
-    let rss_task = tokio::spawn(async move {
-        let mut max_rss = 0u64;
-        let mut hwm = 0u64;
-        let Some(pid) = rss_pid else {
-            return (0, 0, 0);
-        };
-        let mut last = 0;
-        while start.elapsed() < total {
-            if let Some((rss, h)) = rss_kib(pid) {
-                if start.elapsed() >= warmup {
-                    max_rss = max_rss.max(rss);
-                }
-                hwm = h;
-                last = rss;
+/// (max RSS under load, high-water mark, last RSS) of the server, KiB, sampled every 100 ms.
+async fn watch_rss(
+    pid: Option<u32>,
+    start: Instant,
+    warmup: Duration,
+    total: Duration,
+) -> (u64, u64, u64) {
+    let Some(pid) = pid else {
+        return (0, 0, 0);
+    };
+    let (mut max_rss, mut hwm, mut last) = (0u64, 0u64, 0u64);
+    while start.elapsed() < total {
+        if let Some((rss, h)) = rss_kib(pid) {
+            if start.elapsed() >= warmup {
+                max_rss = max_rss.max(rss);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            hwm = h;
+            last = rss;
         }
-        (max_rss, hwm, last)
-    });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (max_rss, hwm, last)
+}
 
-    // The schedule runs on its own OS thread with std's sleep (tens of microseconds late at
-    // worst), not on the runtime's millisecond timer wheel, so "latency from schedule"
-    // measures the server and the network, not the generator's timer.
+/// The schedule, on its own OS thread with std's sleep (tens of microseconds late at worst),
+/// not on the runtime's millisecond timer wheel, so "latency from schedule" measures the
+/// server and the network, not the generator's timer. Returns the requests dropped because a
+/// worker's queue was full.
+fn dispatch(
+    senders: Vec<Jobs>,
+    start: Instant,
+    period: Duration,
+    warmup: Duration,
+    total: Duration,
+) -> u64 {
     let measure_start = start + warmup;
-    let dispatcher = std::thread::spawn(move || {
-        let mut sent: u64 = 0;
-        let mut dropped: u64 = 0;
-        loop {
-            let scheduled = start + period.mul_f64(sent as f64);
-            if scheduled.duration_since(start) >= total {
-                break;
-            }
-            let now = Instant::now();
-            if scheduled > now {
-                std::thread::sleep(scheduled - now);
-            }
-            let measured = scheduled >= measure_start;
-            let i = (sent % senders.len() as u64) as usize;
-            if senders[i].try_send((scheduled, measured)).is_err() {
-                dropped += 1;
-            }
-            sent += 1;
+    let mut sent: u64 = 0;
+    let mut dropped: u64 = 0;
+    loop {
+        let scheduled = start + period.mul_f64(sent as f64);
+        if scheduled.duration_since(start) >= total {
+            break;
         }
-        dropped
-    });
-    let dropped = tokio::task::spawn_blocking(move || dispatcher.join().unwrap_or(0))
-        .await
-        .unwrap_or(0);
-    let measured_span = start.elapsed().saturating_sub(warmup);
-    let mut latencies = Vec::new();
-    let mut services = Vec::new();
-    let mut errors = 0u64;
-    let mut first_error: Option<String> = None;
-    while let Some(s) = sample_rx.recv().await {
+        let now = Instant::now();
+        if scheduled > now {
+            std::thread::sleep(scheduled - now);
+        }
+        let measured = scheduled >= measure_start;
+        let i = (sent % senders.len() as u64) as usize;
+        if senders[i].try_send((scheduled, measured)).is_err() {
+            dropped += 1;
+        }
+        sent += 1;
+    }
+    dropped
+}
+
+/// The measured samples.
+#[derive(Default)]
+struct Tally {
+    latencies: Vec<Duration>,
+    services: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Tally {
+    fn add(&mut self, s: Sample) {
         if !s.measured {
-            continue;
+            return;
         }
         if let Some(e) = s.error {
-            errors += 1;
-            first_error.get_or_insert(e);
+            self.errors += 1;
+            self.first_error.get_or_insert(e);
         } else {
-            latencies.push(s.latency);
-            services.push(s.service);
+            self.latencies.push(s.latency);
+            self.services.push(s.service);
         }
     }
-    let cpu_after = args.pid.and_then(cpu_ticks);
-    let (max_rss, hwm, last_rss) = rss_task.await.unwrap_or((0, 0, 0));
-    latencies.sort();
-    services.sort();
-    let n = latencies.len() as u64 + errors;
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let achieved = n as f64 / measured_span.as_secs_f64().max(1e-9);
-    // Clock ticks per second: 100 on Linux for every architecture this runs on.
-    let cpu_seconds = match (cpu_before, cpu_after) {
-        (Some(a), Some(b)) => Some((b.saturating_sub(a)) as f64 / 100.0),
-        _ => None,
-    };
-    let elapsed_total = start.elapsed().as_secs_f64();
-    let result = serde_json::json!({
-        "url": args.url,
-        "rateTarget": args.rate,
-        "rateAchieved": achieved,
-        "connections": args.connections,
-        "requests": n,
-        "errors": errors + dropped,
-        "firstError": first_error,
-        "latencyMs": {
-            "p50": ms(percentile(&latencies, 50.0)),
-            "p90": ms(percentile(&latencies, 90.0)),
-            "p99": ms(percentile(&latencies, 99.0)),
-            "p999": ms(percentile(&latencies, 99.9)),
-            "max": ms(latencies.last().copied().unwrap_or_default()),
-        },
-        "serviceMs": {
-            "p50": ms(percentile(&services, 50.0)),
-            "p99": ms(percentile(&services, 99.0)),
-            "max": ms(services.last().copied().unwrap_or_default()),
-        },
-        "serverRssKiB": args.pid.map(|_| serde_json::json!({"maxUnderLoad": max_rss, "highWaterMark": hwm, "end": last_rss})),
-        "serverCpuPercent": cpu_seconds.map(|c| 100.0 * c / elapsed_total),
-    });
-    if args.json {
-        println!("{result}");
-    } else {
+}
+
+/// A finished run.
+struct Run {
+    tally: Tally,
+    dropped: u64,
+    measured_span: Duration,
+    elapsed_total: f64,
+    cpu_seconds: Option<f64>,
+    rss: (u64, u64, u64),
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Run {
+    fn requests(&self) -> u64 {
+        self.tally.latencies.len() as u64 + self.tally.errors
+    }
+
+    fn achieved(&self) -> f64 {
+        self.requests() as f64 / self.measured_span.as_secs_f64().max(1e-9)
+    }
+
+    fn json(&self, args: &Args) -> serde_json::Value {
+        let (l, s) = (&self.tally.latencies, &self.tally.services);
+        let (max_rss, hwm, last_rss) = self.rss;
+        serde_json::json!({
+            "url": args.url,
+            "rateTarget": args.rate,
+            "rateAchieved": self.achieved(),
+            "connections": args.connections,
+            "requests": self.requests(),
+            "errors": self.tally.errors + self.dropped,
+            "firstError": self.tally.first_error,
+            "latencyMs": {
+                "p50": ms(percentile(l, 50.0)),
+                "p90": ms(percentile(l, 90.0)),
+                "p99": ms(percentile(l, 99.0)),
+                "p999": ms(percentile(l, 99.9)),
+                "max": ms(l.last().copied().unwrap_or_default()),
+            },
+            "serviceMs": {
+                "p50": ms(percentile(s, 50.0)),
+                "p99": ms(percentile(s, 99.0)),
+                "max": ms(s.last().copied().unwrap_or_default()),
+            },
+            "serverRssKiB": args.pid.map(|_| serde_json::json!({"maxUnderLoad": max_rss, "highWaterMark": hwm, "end": last_rss})),
+            "serverCpuPercent": self.cpu_seconds.map(|c| 100.0 * c / self.elapsed_total),
+        })
+    }
+
+    fn print(&self, args: &Args) {
+        let (l, s) = (&self.tally.latencies, &self.tally.services);
         println!(
             "{} requests in {:.1} s at {:.0}/s (target {:.0}/s) over {} keep-alive TLS connections",
-            n,
-            measured_span.as_secs_f64(),
-            achieved,
+            self.requests(),
+            self.measured_span.as_secs_f64(),
+            self.achieved(),
             args.rate,
             args.connections
         );
         println!(
             "latency from schedule: p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  max {:.3} ms",
-            ms(percentile(&latencies, 50.0)),
-            ms(percentile(&latencies, 90.0)),
-            ms(percentile(&latencies, 99.0)),
-            ms(percentile(&latencies, 99.9)),
-            ms(latencies.last().copied().unwrap_or_default())
+            ms(percentile(l, 50.0)),
+            ms(percentile(l, 90.0)),
+            ms(percentile(l, 99.0)),
+            ms(percentile(l, 99.9)),
+            ms(l.last().copied().unwrap_or_default())
         );
         println!(
             "service time:          p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-            ms(percentile(&services, 50.0)),
-            ms(percentile(&services, 99.0)),
-            ms(services.last().copied().unwrap_or_default())
+            ms(percentile(s, 50.0)),
+            ms(percentile(s, 99.0)),
+            ms(s.last().copied().unwrap_or_default())
         );
-        println!("errors: {}", errors + dropped);
-        if let Some(e) = &first_error {
+        println!("errors: {}", self.tally.errors + self.dropped);
+        if let Some(e) = &self.tally.first_error {
             println!("first error: {e}");
         }
-        if let Some(pid) = args.pid {
+        let Some(pid) = args.pid else { return };
+        let (max_rss, hwm, last_rss) = self.rss;
+        println!(
+            "server pid {pid}: RSS max under load {:.1} MiB, high-water mark {:.1} MiB, at end {:.1} MiB",
+            max_rss as f64 / 1024.0,
+            hwm as f64 / 1024.0,
+            last_rss as f64 / 1024.0
+        );
+        if let Some(c) = self.cpu_seconds {
             println!(
-                "server pid {pid}: RSS max under load {:.1} MiB, high-water mark {:.1} MiB, at end {:.1} MiB",
-                max_rss as f64 / 1024.0,
-                hwm as f64 / 1024.0,
-                last_rss as f64 / 1024.0
+                "server CPU: {:.1} s ({:.0}% of one core)",
+                c,
+                100.0 * c / self.elapsed_total
             );
-            if let Some(c) = cpu_seconds {
-                println!(
-                    "server CPU: {:.1} s ({:.0}% of one core)",
-                    c,
-                    100.0 * c / elapsed_total
-                );
-            }
         }
     }
-    if errors + dropped > 0 {
-        std::process::exit(1);
-    }
-    Ok(())
 }

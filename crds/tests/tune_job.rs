@@ -1,15 +1,32 @@
 //! The PyTorchJob writer: the emitted object has the kubeflow.org/v1 shape (checked against the
 //! schema of the hand-written CRD in crds/thirdparty), carries the layout as Megatron flags that
 //! parse back to the same layout, and merges a template without losing or leaking fields.
+//! (Moved here from the oracle with the writer; the assertions read the job as JSON, as
+//! `primus tune --emit pytorchjob` prints it.)
 
+use primus_crds::annotations as annotation;
+use primus_crds::pytorchjob::JobOptions;
+use primus_oracle::FieldError;
 use primus_oracle::hardware::HardwareProfile;
 use primus_oracle::layout::{Layout, Recompute, Schedule};
 use primus_oracle::megatron::MegatronArgs;
 use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::scenario::{Cluster, Scenario, Training};
-use primus_oracle::tune::job::{JobOptions, annotation, pytorchjob};
 use serde_json::{Value, json};
+
+/// The writer, its job as JSON.
+fn pytorchjob(
+    plan: &str,
+    namespace: Option<&str>,
+    s: &Scenario,
+    l: &Layout,
+    template: Option<&Value>,
+    opts: &JobOptions,
+) -> Result<Value, FieldError> {
+    primus_crds::pytorchjob::pytorchjob(plan, namespace, s, l, template, opts)
+        .map(|j| serde_json::to_value(j).expect("a job serializes"))
+}
 
 fn scenario(gpu: &str, gpus: u32) -> Scenario {
     let c = Catalog::builtin().unwrap();
@@ -46,7 +63,7 @@ fn layout() -> Layout {
 fn crd_schema() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../crds/thirdparty/kubeflow.org_pytorchjobs.yaml"
+        "/thirdparty/kubeflow.org_pytorchjobs.yaml"
     );
     let text = std::fs::read_to_string(path).expect("the PyTorchJob CRD is in the repository");
     let crd: Value = serde_saphyr::from_str(&text).expect("CRD YAML parses");

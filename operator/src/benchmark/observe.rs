@@ -1,0 +1,92 @@
+//! What the cluster holds for a plan's benchmark: the reports of the namespace and the plan's
+//! pods for its report (read only; [`super::decide`] makes sense of them).
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use primus_crds::{BenchmarkReport, TrainingPlan};
+use primus_oracle::bench;
+use primus_oracle::plan::Plan;
+
+use super::{COMPONENT, COMPONENT_LABEL, PLAN_LABEL, Settings, attempt_of, matches};
+use crate::error::Error;
+use crate::kubeapi::{call, controlled_by, plan_label_value};
+
+/// A plan's benchmark as the API server has it.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// The shapes key the plan needs measured.
+    pub key: String,
+    /// The name of the plan's own report (and the prefix of its pods).
+    pub report: String,
+    /// Every BenchmarkReport in the plan's namespace.
+    pub reports: Vec<BenchmarkReport>,
+    /// The plan's pods for its report (controlled by the plan), by attempt.
+    pub pods: Vec<Pod>,
+    /// The plan's report read again by name after its latest pod succeeded while the list held
+    /// no matching one (the list may be older than the pod's status).
+    pub reread: Option<BenchmarkReport>,
+}
+
+/// Read the plan's benchmark: two lists, and one get after a pod succeeded.
+pub async fn observe(
+    client: &kube::Client,
+    plan_obj: &TrainingPlan,
+    plan: &Plan,
+    settings: &Settings,
+) -> Result<Observed, Error> {
+    let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
+    let name = plan_obj.metadata.name.clone().unwrap_or_default();
+    let uid = plan_obj.metadata.uid.clone().unwrap_or_default();
+    let key = bench::shapes_key(plan);
+    let report = bench::report_name(&name, &key);
+
+    let reports_api: Api<BenchmarkReport> = Api::namespaced(client.clone(), &ns);
+    let reports = call(
+        format!("list benchmarkreports in {ns}"),
+        reports_api.list(&ListParams::default()),
+    )
+    .await?
+    .items;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let selector = format!(
+        "{PLAN_LABEL}={},{COMPONENT_LABEL}={COMPONENT}",
+        plan_label_value(&name)
+    );
+    let attempt = |p: &Pod| attempt_of(&report, p.metadata.name.as_deref().unwrap_or_default());
+    let mut pods: Vec<Pod> = call(
+        format!("list benchmark pods of {ns}/{name}"),
+        pods_api.list(&ListParams::default().labels(&selector)),
+    )
+    .await?
+    .items
+    .into_iter()
+    .filter(|p| controlled_by(p.metadata.owner_references.as_ref(), &uid))
+    .filter(|p| attempt(p).is_some())
+    .collect();
+    pods.sort_by_key(|p| attempt(p));
+
+    let succeeded = pods
+        .last()
+        .and_then(|p| p.status.as_ref())
+        .is_some_and(|s| s.phase.as_deref() == Some("Succeeded"));
+    let listed = reports.iter().any(|r| {
+        r.metadata.name.as_deref() == Some(report.as_str())
+            && matches(&r.spec.results, plan, &key, settings.backend)
+    });
+    let reread = if succeeded && !listed {
+        call(
+            format!("get benchmarkreport {ns}/{report}"),
+            reports_api.get_opt(&report),
+        )
+        .await?
+    } else {
+        None
+    };
+    Ok(Observed {
+        key,
+        report,
+        reports,
+        pods,
+        reread,
+    })
+}

@@ -1,0 +1,167 @@
+//! The PyTorchJob: built by the crds writer ([`primus_crds::pytorchjob::pytorchjob`], the same
+//! object `primus tune --emit pytorchjob` prints), owned by the plan, and created once. A job
+//! that has not started is replaced when the chosen layout changes; a started job is never
+//! touched (the status says the plan and the job differ). `spec.job.suspend` creates it
+//! suspended and flips `runPolicy.suspend` of an existing job when the field changes (the
+//! review flow); `autoSubmit: false` creates nothing. A cluster without the PyTorchJob CRD is
+//! detected through discovery and reported in a condition.
+//!
+//! One step is [`observe`] (discovery, the existing job) -> [`decide`] (pure: the outcome and
+//! at most one change) -> [`apply`].
+
+use primus_crds::pytorchjob::{JobOptions, pytorchjob};
+use primus_crds::{JobStatus, PyTorchJob, TrainingPlan};
+use primus_oracle::layout::Layout;
+use primus_oracle::plan::Plan;
+
+mod apply;
+mod decide;
+mod observe;
+
+pub use apply::apply;
+pub use decide::{Action, Decision, decide};
+pub use observe::{Observed, crd_present, observe};
+
+/// What happened to the plan's job in this pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// `spec.job.autoSubmit: false`: nothing created.
+    NotSubmitted,
+    /// The PyTorchJob CRD is not installed.
+    CrdMissing,
+    /// A job of that name exists and belongs to someone else.
+    NameTaken { name: String },
+    /// Created in this pass.
+    Created { name: String, suspended: bool },
+    /// The job exists with the chosen layout.
+    UpToDate {
+        name: String,
+        started: bool,
+        suspended: bool,
+    },
+    /// The job had not started and ran another layout: deleted, recreated next pass.
+    Replacing { name: String, old: String },
+    /// The job runs another layout and has started: left alone.
+    Differs {
+        name: String,
+        job_layout: String,
+        started: bool,
+        suspended: bool,
+    },
+}
+
+impl Outcome {
+    /// The job part of the plan's status.
+    pub fn status(&self) -> Option<JobStatus> {
+        let status = |name: &String, layout_matches_plan, started, suspended| JobStatus {
+            name: Some(name.clone()),
+            layout_matches_plan,
+            started,
+            suspended,
+        };
+        match self {
+            Outcome::NotSubmitted | Outcome::CrdMissing => None,
+            Outcome::NameTaken { name } => Some(JobStatus {
+                name: Some(name.clone()),
+                ..JobStatus::default()
+            }),
+            Outcome::Created { name, suspended } => Some(status(name, true, false, *suspended)),
+            Outcome::UpToDate {
+                name,
+                started,
+                suspended,
+            } => Some(status(name, true, *started, *suspended)),
+            Outcome::Replacing { name, .. } => Some(status(name, false, false, false)),
+            Outcome::Differs {
+                name,
+                started,
+                suspended,
+                ..
+            } => Some(status(name, false, *started, *suspended)),
+        }
+    }
+}
+
+/// Name of the plan's job: `spec.job.name`, else the plan's name.
+pub fn job_name(plan_obj: &TrainingPlan) -> String {
+    plan_obj
+        .spec
+        .job
+        .as_ref()
+        .and_then(|j| j.name.clone())
+        .unwrap_or_else(|| plan_obj.metadata.name.clone().unwrap_or_default())
+}
+
+/// The PyTorchJob of the chosen layout (pure; unit-tested).
+pub fn desired(
+    plan_obj: &TrainingPlan,
+    plan: &Plan,
+    layout: &Layout,
+    projected_tokens_per_second: f64,
+) -> Result<PyTorchJob, primus_oracle::FieldError> {
+    let job = plan_obj.spec.job.clone().unwrap_or_default();
+    let opts = JobOptions {
+        name: Some(job_name(plan_obj)),
+        suspend: job.suspend == Some(true),
+        projected_tokens_per_second: Some(projected_tokens_per_second),
+        inline_model_card: plan_obj.spec.model.preset.is_none(),
+    };
+    pytorchjob(
+        plan_obj.metadata.name.as_deref().unwrap_or_default(),
+        plan_obj.metadata.namespace.as_deref(),
+        &plan.scenario,
+        layout,
+        job.template.as_ref(),
+        &opts,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::plan_with as plan;
+    use primus_crds::annotations;
+    use serde_json::json;
+
+    #[test]
+    fn the_desired_job_carries_layout_annotations_and_no_tracking_labels() {
+        let (obj, p) = plan(json!({"job": {"suspend": true, "template": {
+            "metadata": {"labels": {"app.kubernetes.io/instance": "argo-app", "team": "a"},
+                         "annotations": {"argocd.argoproj.io/tracking-id": "x"}},
+            "spec": {"pytorchReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [
+                {"name": "pytorch", "image": "example/megatron:1", "args": ["--lr", "1e-4"]}]}}}}}
+        }}}));
+        let l = Layout {
+            tp: 2,
+            pp: 2,
+            ..Layout::default()
+        };
+        let job = desired(&obj, &p, &l, 1234.5).unwrap();
+        assert_eq!(job.annotated_layout(), Some(l.clone()));
+        assert!(job.suspended());
+        assert!(!job.started());
+        let j = serde_json::to_value(&job).unwrap();
+        let ann = &j["metadata"]["annotations"];
+        assert_eq!(ann[annotations::PLAN], "p");
+        assert_eq!(ann[annotations::PROJECTED_TOKENS_PER_SECOND], "1234.5");
+        assert!(ann.get("argocd.argoproj.io/tracking-id").is_none());
+        let labels = &j["metadata"]["labels"];
+        assert!(labels.get("app.kubernetes.io/instance").is_none());
+        assert_eq!(labels["team"], "a");
+        let args: Vec<String> = serde_json::from_value(
+            j["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
+                .clone(),
+        )
+        .unwrap();
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("--tensor-model-parallel-size 2"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("--pipeline-model-parallel-size 2"),
+            "{joined}"
+        );
+        assert!(joined.contains("--lr 1e-4"), "{joined}");
+    }
+}
