@@ -144,6 +144,12 @@ fn chart_rbac_matches_the_api_calls_in_the_code() {
                 );
                 cr.union(&leader).cloned().collect()
             }
+            // The webhook: its configuration (cluster-wide) and its Secret (a Role).
+            "webhook" => {
+                let cr = rule_perms(cluster.get("ClusterRole", &format!("{full}-webhook")));
+                let role = rule_perms(cluster.get("Role", &format!("{full}-webhook")));
+                cr.union(&role).cloned().collect()
+            }
             other => rule_perms(cluster.get("ClusterRole", &format!("{full}-{other}"))),
         };
         assert_same(name, &code, &chart);
@@ -174,6 +180,15 @@ fn chart_rbac_matches_the_api_calls_in_the_code() {
         "{wh_args}"
     );
     cluster.get("ValidatingWebhookConfiguration", &hook);
+    let secret = cluster.get("Role", &format!("{full}-webhook"))["rules"][0]["resourceNames"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        wh_args.contains(&format!("--cert-secret={secret}")),
+        "{wh_args}"
+    );
+    cluster.get("Secret", &secret);
 
     // The operator README documents the same table; say so loudly when it drifts (the README
     // belongs to the operator's owners).
