@@ -3,11 +3,13 @@
 //! manifests applied with `kubectl apply --dry-run=server` to the real test bed, the values
 //! schema rejecting bad values with a message naming them, the CRD copies, and (in the
 //! submodules) the RBAC against the code's API calls, the Prometheus rules under `promtool test
-//! rules`, the Argo CD health check under `lua5.1`, the webhook under the chart's arguments and
+//! rules`, the Grafana dashboard's queries against the exported metrics, the Argo CD health check under `lua5.1`, the webhook under the chart's arguments and
 //! two replicas rotating their shared CA; and docs/install.md's first example on a bare cluster.
 
 #[path = "chart/argocd.rs"]
 mod argocd;
+#[path = "chart/dashboard.rs"]
+mod dashboard;
 #[path = "chart/fixtures.rs"]
 mod fixtures;
 #[path = "chart/helm.rs"]
