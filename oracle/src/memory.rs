@@ -53,7 +53,10 @@ pub use activations::{
     ActivationTerms, Dropout, Keep, MemoryOptions, deferred_wgrad_microbatches, inflight_in_chunk,
     inflight_microbatches, layer_terms, wgrad_terms,
 };
-pub use band::{Band, JobKind, Verdict};
+pub use band::{
+    Band, JobKind, MEGATRON_DENSE_OVER, MEGATRON_DENSE_UNDER, MEGATRON_MOE_OVER,
+    MEGATRON_MOE_UNDER, Verdict,
+};
 pub use optimizer::{
     BF16_GRAD_BYTES, FP8_PARAM_BYTES, FP8_WEIGHT_COPY_BYTES, FP32_GRAD_COPY_BYTES, MAIN_GRAD_BYTES,
     OPTIMIZER_STATE_BYTES, StateBytes, WEIGHT_BYTES, state_bytes,

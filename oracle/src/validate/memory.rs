@@ -414,30 +414,80 @@ fn bad(row: &Row, status: RowStatus) -> MemoryRow {
     }
 }
 
-fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> MemoryRow {
-    if row.get("id").is_empty() {
-        return bad(row, RowStatus::BadRow("column id: empty".into()));
+/// One row as a job: what the webhook would be asked to admit.
+#[derive(Debug, Clone)]
+pub struct RowJob {
+    pub id: String,
+    pub framework: Framework,
+    pub outcome: Outcome,
+    pub needs_option: Option<String>,
+    pub scenario: Scenario,
+    /// The row's layout after the legality check (a balanced split where the row needs one).
+    pub layout: Layout,
+}
+
+/// Every row of a memory or throughput CSV that can be projected, as a job (rows that cannot
+/// are left out; [`validate_memory_text`] reports them).
+pub fn row_jobs(text: &str, catalog: &Catalog) -> Result<Vec<RowJob>, PlanError> {
+    let records = parse_csv(text).map_err(|m| PlanError::Syntax {
+        source_name: "csv".into(),
+        message: m,
+    })?;
+    let Some((_, header)) = records.first() else {
+        return Err(PlanError::field("csv", "empty file: expected a header row"));
+    };
+    let header: Vec<String> = header.iter().map(|h| h.trim().to_string()).collect();
+    let mut jobs = Vec::new();
+    for (line, fields) in records.iter().skip(1) {
+        let mut cells = BTreeMap::new();
+        for (i, h) in header.iter().enumerate() {
+            cells.insert(h.as_str(), fields.get(i).map(String::as_str).unwrap_or(""));
+        }
+        let row = Row { line: *line, cells };
+        if let Ok((meta, scenario, checked)) = row_job(&row, catalog, &header)
+            && checked.verdict.is_ok()
+        {
+            jobs.push(RowJob {
+                id: row.get("id").to_string(),
+                framework: meta.framework,
+                outcome: meta.outcome,
+                needs_option: meta.needs_option,
+                scenario,
+                layout: checked.layout,
+            });
+        }
     }
-    let meta = match row_meta(row) {
-        Ok(m) => m,
-        Err(e) => return bad(row, RowStatus::BadRow(e)),
-    };
-    let scenario = match row_scenario(row, catalog).and_then(|s| model_overrides(row, s)) {
-        Ok(s) => s,
-        Err(status) => return bad(row, status),
-    };
-    let mut layout = match row_layout(row, header) {
-        Ok(l) => l,
-        Err(e) => return bad(row, RowStatus::BadRow(e)),
-    };
+    Ok(jobs)
+}
+
+/// A row's metadata, scenario and checked layout.
+fn row_job(
+    row: &Row,
+    catalog: &Catalog,
+    header: &[String],
+) -> Result<(RowMeta, Scenario, super::CheckedLayout), RowStatus> {
+    if row.get("id").is_empty() {
+        return Err(RowStatus::BadRow("column id: empty".into()));
+    }
+    let meta = row_meta(row).map_err(RowStatus::BadRow)?;
+    let scenario = row_scenario(row, catalog).and_then(|s| model_overrides(row, s))?;
+    let mut layout = row_layout(row, header).map_err(RowStatus::BadRow)?;
     if row.get("expandableSegments").is_empty() {
         layout.expandable_segments = meta.framework.default_expandable_segments();
     }
+    let checked = check_with_balanced_split(row, &scenario, layout);
+    Ok((meta, scenario, checked))
+}
+
+fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> MemoryRow {
+    let (meta, scenario, checked) = match row_job(row, catalog, header) {
+        Ok(j) => j,
+        Err(status) => return bad(row, status),
+    };
     let measured = match measured(row) {
         Ok(m) => m,
         Err(e) => return bad(row, RowStatus::BadRow(e)),
     };
-    let checked = check_with_balanced_split(row, &scenario, layout);
     let mut r = bad(row, RowStatus::Ok);
     r.framework = meta.framework;
     r.outcome = meta.outcome;
