@@ -171,6 +171,7 @@ pub struct Layout {
         default = "megatron_dropout",
         skip_serializing_if = "is_megatron_dropout"
     )]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0.1)))]
     pub attention_dropout: Fraction,
     /// Hidden dropout probability (`--hidden-dropout`, Megatron's default 0.1; Llama, Qwen,
     /// Mixtral, DeepSeek and gpt-oss recipes set 0). Above 0 every layer keeps two 1-byte
@@ -179,44 +180,55 @@ pub struct Layout {
         default = "megatron_dropout",
         skip_serializing_if = "is_megatron_dropout"
     )]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0.1)))]
     pub hidden_dropout: Fraction,
     /// Transformer Engine's precision-aware optimizer (`--use-precision-aware-optimizer`):
     /// master weights and Adam moments in the dtypes below, gradients read in place.
     #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     pub precision_aware_optimizer: bool,
     /// Gradient buffer dtype with the precision-aware optimizer (`--main-grads-dtype`: fp32,
     /// bf16).
     #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
     pub main_grads_dtype: OptimizerDtype,
     /// Master weight dtype (`--main-params-dtype`: fp32, fp16).
     #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
     pub main_params_dtype: OptimizerDtype,
     /// Adam first moment dtype (`--exp-avg-dtype`: fp32, fp16, bf16, fp8).
     #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
     pub exp_avg_dtype: OptimizerDtype,
     /// Adam second moment dtype (`--exp-avg-sq-dtype`: fp32, fp16, bf16, fp8).
     #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
     pub exp_avg_sq_dtype: OptimizerDtype,
     /// Optimizer states on the CPU (`--optimizer-cpu-offload`; Megatron-LM also requires the
     /// precision-aware optimizer, Megatron-Bridge does not).
     #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     pub optimizer_cpu_offload: bool,
     /// Fraction of the optimizer's parameters whose states go to the CPU
     /// (`--optimizer-offload-fraction`, default 1.0).
     #[serde(default = "full_fraction", skip_serializing_if = "is_full_fraction")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 1.0)))]
     pub optimizer_offload_fraction: Fraction,
     /// Layers whose activations are offloaded to the CPU (`--cpu-offloading-num-layers`;
     /// needs pp = 1 and no recompute); 0 = none.
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0)))]
     pub activation_offload_layers: u32,
     /// FP8 parameters (`--fp8-param-gather`): GEMM weights stored in FP8 (and gathered in
     /// FP8), with no BF16 weight beside the FP8 copy.
     #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     pub fp8_param_gather: bool,
     /// PyTorch's allocator with expandable segments
     /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`; `PYTORCH_HIP_ALLOC_CONF` on ROCm):
     /// far less fragmentation between the allocated and the reserved peak.
     #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     pub expandable_segments: bool,
 }
 

@@ -1092,6 +1092,130 @@ mod tests {
     }
 
     #[test]
+    fn memory_options_round_trip_and_defaults_write_nothing() {
+        use crate::layout::{Fraction, OptimizerDtype};
+        let mut s = scenario("llama3.1-70b", "h100-sxm", 64);
+        s.training.precision = Precision::Fp8;
+        let defaults = layout_args(&s, &Layout::default());
+        for f in [
+            flag::ATTENTION_DROPOUT,
+            flag::HIDDEN_DROPOUT,
+            flag::PRECISION_AWARE_OPTIMIZER,
+            flag::MAIN_GRADS_DTYPE,
+            flag::OPTIMIZER_CPU_OFFLOAD,
+            flag::OPTIMIZER_OFFLOAD_FRACTION,
+            flag::CPU_OFFLOADING_NUM_LAYERS,
+            flag::FP8_PARAM_GATHER,
+        ] {
+            assert!(!defaults.contains(&f.to_string()), "{f} in {defaults:?}");
+        }
+        let pao = Layout {
+            tp: 8,
+            pp: 2,
+            attention_dropout: Fraction::ZERO,
+            hidden_dropout: Fraction::new(0.05),
+            precision_aware_optimizer: true,
+            main_grads_dtype: OptimizerDtype::Bf16,
+            main_params_dtype: OptimizerDtype::Fp16,
+            exp_avg_dtype: OptimizerDtype::Bf16,
+            exp_avg_sq_dtype: OptimizerDtype::Fp8,
+            optimizer_cpu_offload: true,
+            optimizer_offload_fraction: Fraction::new(0.5),
+            fp8_param_gather: true,
+            ..Layout::default()
+        };
+        let offload = Layout {
+            tp: 8,
+            activation_offload_layers: 20,
+            ..Layout::default()
+        };
+        for l in [pao, offload] {
+            l.check(&s).unwrap();
+            let args = layout_args(&s, &l);
+            let back = MegatronArgs::parse(args.iter().map(String::as_str))
+                .layout(&s.model)
+                .unwrap();
+            assert_eq!(back, l, "flags {args:?}");
+        }
+        let args = layout_args(
+            &s,
+            &Layout {
+                attention_dropout: Fraction::ZERO,
+                ..Layout::default()
+            },
+        );
+        let at = args
+            .iter()
+            .position(|a| a == flag::ATTENTION_DROPOUT)
+            .unwrap();
+        assert_eq!(args[at + 1], "0");
+        // A value that is not a number or a dtype names its flag.
+        let bad = MegatronArgs::parse(["--exp-avg-dtype", "int4"]);
+        assert_eq!(bad.layout(&llama70()).unwrap_err().field, "--exp-avg-dtype");
+        let bad = MegatronArgs::parse(["--hidden-dropout", "lots"]);
+        assert_eq!(
+            bad.layout(&llama70()).unwrap_err().field,
+            "--hidden-dropout"
+        );
+    }
+
+    #[test]
+    fn unmodelled_memory_flags_are_found_and_modelled_values_are_not() {
+        let a = MegatronArgs::parse([
+            "--cuda-graph-impl",
+            "transformer_engine",
+            "--moe-token-dispatcher-type",
+            "flex",
+            "--use-nccl-ub",
+        ]);
+        let found: Vec<String> = a
+            .unmodelled_memory_flags()
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "--cuda-graph-impl",
+                "--use-nccl-ub",
+                "--moe-token-dispatcher-type flex"
+            ]
+        );
+        let a = MegatronArgs::parse([
+            "--cuda-graph-impl",
+            "none",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+        ]);
+        assert!(a.unmodelled_memory_flags().is_empty());
+    }
+
+    #[test]
+    fn allocator_configuration_reads_and_writes_expandable_segments() {
+        assert_eq!(
+            expandable_segments_in("expandable_segments:True"),
+            Some(true)
+        );
+        assert_eq!(
+            expandable_segments_in("max_split_size_mb:512, expandable_segments:False"),
+            Some(false)
+        );
+        assert_eq!(expandable_segments_in("max_split_size_mb:512"), None);
+        assert_eq!(
+            with_expandable_segments("max_split_size_mb:512", true),
+            "expandable_segments:True,max_split_size_mb:512"
+        );
+        assert_eq!(
+            with_expandable_segments("expandable_segments:True,max_split_size_mb:512", false),
+            "max_split_size_mb:512"
+        );
+        assert_eq!(
+            with_expandable_segments("expandable_segments:True", false),
+            ""
+        );
+    }
+
+    #[test]
     fn shell_words_handle_quotes_and_escapes() {
         assert_eq!(
             shell_words(r#"a 'b c' "d \"e\"" f\ g; h"#),

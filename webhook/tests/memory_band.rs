@@ -206,3 +206,50 @@ fn a_fitting_job_with_an_unmodelled_flag_gets_a_warning_naming_it() {
         v.warnings
     );
 }
+
+#[test]
+fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
+    use primus_webhook::pytorchjob::derive;
+    let mut job = example("fitting-pytorchjob");
+    edit_script(
+        &mut job,
+        "--use-flash-attn",
+        "--use-flash-attn --hidden-dropout 0.0 --attention-dropout 0.0 \
+         --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
+         --exp-avg-sq-dtype bf16 --cuda-graph-impl transformer_engine",
+    );
+    for r in job["spec"]["pytorchReplicaSpecs"]
+        .as_object_mut()
+        .unwrap()
+        .values_mut()
+    {
+        r["template"]["spec"]["containers"][0]["env"] = serde_json::json!([
+            {"name": "PYTORCH_HIP_ALLOC_CONF", "value": "expandable_segments:True"}
+        ]);
+    }
+    let c = Catalog::builtin().unwrap();
+    let d = derive(&job, &Default::default(), &c).expect("derivable");
+    assert_eq!(d.layout.hidden_dropout, Fraction::ZERO);
+    assert!(d.layout.precision_aware_optimizer && d.layout.expandable_segments);
+    assert_eq!(
+        d.layout.exp_avg_dtype,
+        primus_oracle::layout::OptimizerDtype::Bf16
+    );
+    assert_eq!(
+        d.unmodelled,
+        vec![("--cuda-graph-impl".to_string(), "CUDA-graph memory pools")]
+    );
+    let v = judge(&d);
+    assert!(v.allowed);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("--cuda-graph-impl (CUDA-graph memory pools)")),
+        "{:?}",
+        v.warnings
+    );
+    // A dtype the precision-aware optimizer does not take names its flag.
+    edit_script(&mut job, "--exp-avg-dtype bf16", "--exp-avg-dtype int4");
+    let e = derive(&job, &Default::default(), &c).unwrap_err();
+    assert!(e.to_string().contains("--exp-avg-dtype"), "{e}");
+}
