@@ -71,6 +71,7 @@ pub enum Framework {
     MegatronLm,
     PrimusMegatron,
     MegatronBridge,
+    #[serde(rename = "torchtitan")]
     TorchTitan,
 }
 
