@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::controller::Action;
@@ -22,6 +24,7 @@ use crate::choose::{self, Choice, ChooseError, DEFAULT_DRIFT_TOLERANCE};
 use crate::conditions::{self, READY, STALLED, Verdicts};
 use crate::context::Context;
 use crate::decide::{self, Halt, Next, Notice, Report, Requeue, Step};
+use crate::decoded::{PlanObject, Undecodable};
 use crate::drift;
 use crate::error::Error;
 use crate::job;
@@ -31,12 +34,16 @@ use crate::status;
 /// How long a search may run before the status says `Tuning`.
 const TUNING_NOTICE: Duration = Duration::from_secs(2);
 
-/// Reconcile one plan (the controller's reconciler).
-pub async fn reconcile(obj: Arc<TrainingPlan>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconcile one plan (the controller's reconciler): a pass over a plan the types read, or
+/// `Stalled` naming the field of one they cannot.
+pub async fn reconcile(obj: Arc<PlanObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _running = ctx.enter();
     let start = Instant::now();
-    let key = key(&obj);
-    let result = Pass::new(&obj, &ctx).run().await;
+    let key = key(&obj.metadata);
+    let result = match &obj.object {
+        Ok(plan) => Pass::new(plan, &ctx).run().await,
+        Err(bad) => undecodable(&obj, bad, &ctx).await,
+    };
     ctx.metrics
         .observe(start.elapsed(), result.as_ref().err().map(Error::reason));
     if result.is_ok() {
@@ -46,19 +53,54 @@ pub async fn reconcile(obj: Arc<TrainingPlan>, ctx: Arc<Context>) -> Result<Acti
 }
 
 /// Requeue after a failed pass, with per-plan exponential backoff.
-pub fn error_policy(obj: Arc<TrainingPlan>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = key(&obj);
+pub fn error_policy(obj: Arc<PlanObject>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = key(&obj.metadata);
     let wait = ctx.failed(&key);
     warn!(plan = %key, error = %err, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }
 
-fn key(obj: &TrainingPlan) -> String {
+/// `namespace/name` of a plan: its key in the backoff map and in logs.
+pub fn key(meta: &ObjectMeta) -> String {
     format!(
         "{}/{}",
-        obj.metadata.namespace.as_deref().unwrap_or_default(),
-        obj.metadata.name.as_deref().unwrap_or_default()
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
     )
+}
+
+/// A plan the types cannot read (the CRD accepted it, Rust does not): `Stalled` with reason
+/// `InvalidSpec` naming the field, written through the dynamic API, until the plan changes.
+/// The status beside it is read as far as it goes, so an unchanged verdict writes nothing.
+async fn undecodable(obj: &PlanObject, bad: &Undecodable, ctx: &Context) -> Result<Action, Error> {
+    let meta = &obj.metadata;
+    if meta.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let (ns, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    warn!(plan = %key(meta), error = %bad.error, "the plan does not decode");
+    let previous = bad.status();
+    let halt = decide::invalid(&bad.error);
+    let draft = TrainingPlanStatus {
+        observed_generation: meta.generation,
+        phase: Some(halt.phase),
+        ..TrainingPlanStatus::default()
+    };
+    let status = status::assemble(&previous, draft, &halt.conditions, Timestamp::now());
+    let wrote = status::patch_conditions(&ctx.client, (ns, name), &previous, &status).await?;
+    let m = &ctx.metrics;
+    Metrics::set_plan(&m.stalled, ns, name, Some(1.0));
+    Metrics::set_plan(&m.ready, ns, name, Some(0.0));
+    if wrote {
+        let reference = obj.object_ref(&());
+        for n in decide::flip_notices(&previous.conditions, &status.conditions, &halt.conditions) {
+            publish(ctx, &reference, n).await;
+        }
+    }
+    Ok(Action::await_change())
 }
 
 /// The state of one pass: what the server has, and what the pass decided so far.
@@ -137,7 +179,7 @@ impl<'a> Pass<'a> {
         } = &outcome
         {
             ctx.metrics.benchmark_pods_created.inc();
-            info!(plan = %key(obj), pod = %pod, "benchmark pod created");
+            info!(plan = %key(&obj.metadata), pod = %pod, "benchmark pod created");
         }
         Ok(self.take(decide::benchmarked(Some(outcome))).await)
     }
@@ -201,7 +243,7 @@ impl<'a> Pass<'a> {
         let outcome = job::apply(ctx, obj, d).await?;
         self.job = outcome.status();
         if let job::Outcome::Created { name, .. } = &outcome {
-            info!(plan = %key(obj), job = %name, layout = %chosen.label, "PyTorchJob created");
+            info!(plan = %key(&obj.metadata), job = %name, layout = %chosen.label, "PyTorchJob created");
         }
         Ok(self.take(decide::job(&outcome, chosen)).await)
     }
@@ -280,11 +322,12 @@ impl<'a> Pass<'a> {
     async fn finish(&mut self) -> Result<(), Error> {
         let draft = self.draft.clone();
         let status = status::assemble(&self.previous, draft, &self.verdicts, Timestamp::now());
-        let wrote = status::apply(&self.ctx.client, self.obj, &self.previous, &status).await?;
+        let at = (self.ns.as_str(), self.name.as_str());
+        let wrote = status::apply(&self.ctx.client, at, &self.previous, &status).await?;
         if wrote {
             let ready = conditions::find(&status.conditions, READY);
             info!(
-                plan = %key(self.obj),
+                plan = %key(&self.obj.metadata),
                 generation = ?status.observed_generation,
                 phase = status.phase.map(|p| p.as_str()).unwrap_or_default(),
                 reason = ready.map(|c| c.reason.as_str()).unwrap_or_default(),
@@ -310,19 +353,28 @@ impl<'a> Pass<'a> {
 
     /// Publish an Event on the plan (best effort).
     async fn publish(&self, n: Notice) {
-        let ev = Event {
-            type_: n.reason.severity().event_type(),
-            reason: n.reason.as_str().chars().take(128).collect(),
-            note: Some(n.note.chars().take(1000).collect()),
-            action: n.action.chars().take(128).collect(),
-            secondary: None,
-        };
-        let reference = self.obj.object_ref(&());
-        let publish = self.ctx.recorder.publish(&ev, &reference);
-        match tokio::time::timeout(crate::kubeapi::CALL_TIMEOUT, publish).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(plan = %key(self.obj), error = %e, "publishing an event failed"),
-            Err(_) => warn!(plan = %key(self.obj), "publishing an event timed out"),
-        }
+        publish(self.ctx, &self.obj.object_ref(&()), n).await;
+    }
+}
+
+/// Publish an Event on the plan `reference` names (best effort).
+async fn publish(ctx: &Context, reference: &ObjectReference, n: Notice) {
+    let ev = Event {
+        type_: n.reason.severity().event_type(),
+        reason: n.reason.as_str().chars().take(128).collect(),
+        note: Some(n.note.chars().take(1000).collect()),
+        action: n.action.chars().take(128).collect(),
+        secondary: None,
+    };
+    let plan = format!(
+        "{}/{}",
+        reference.namespace.as_deref().unwrap_or_default(),
+        reference.name.as_deref().unwrap_or_default()
+    );
+    let publish = ctx.recorder.publish(&ev, reference);
+    match tokio::time::timeout(crate::kubeapi::CALL_TIMEOUT, publish).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(plan = %plan, error = %e, "publishing an event failed"),
+        Err(_) => warn!(plan = %plan, "publishing an event timed out"),
     }
 }
