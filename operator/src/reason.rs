@@ -71,6 +71,10 @@ pub enum Reason {
     /// Reconciling's reason while the job is being replaced.
     ReplacingJob,
     InvalidSpec,
+    // Writes the API server refused (Benchmarked, JobCreated, and Ready/Stalled for the status).
+    BenchmarkPodRefused,
+    JobRefused,
+    StatusWriteRefused,
     // Events of actions taken.
     BenchmarkStarted,
     JobCreated,
@@ -110,6 +114,9 @@ impl Reason {
             Reason::Reconciling => "Reconciling",
             Reason::ReplacingJob => "ReplacingJob",
             Reason::InvalidSpec => "InvalidSpec",
+            Reason::BenchmarkPodRefused => "BenchmarkPodRefused",
+            Reason::JobRefused => "JobRefused",
+            Reason::StatusWriteRefused => "StatusWriteRefused",
             Reason::BenchmarkStarted => "BenchmarkStarted",
             Reason::JobCreated => "JobCreated",
             Reason::JobReplaced => "JobReplaced",
@@ -127,6 +134,9 @@ impl Reason {
             | Reason::OutsideTolerance
             | Reason::QueryFailed
             | Reason::InvalidSpec
+            | Reason::BenchmarkPodRefused
+            | Reason::JobRefused
+            | Reason::StatusWriteRefused
             | Reason::Tuning => Severity::Warning,
             _ => Severity::Normal,
         }
@@ -135,7 +145,11 @@ impl Reason {
     /// What a stalled plan waits for.
     pub fn waiting_for(self) -> &'static str {
         match self {
-            Reason::PyTorchJobCrdMissing | Reason::JobNameTaken => "waiting for an outside change",
+            Reason::PyTorchJobCrdMissing
+            | Reason::JobNameTaken
+            | Reason::BenchmarkPodRefused
+            | Reason::JobRefused
+            | Reason::StatusWriteRefused => "waiting for an outside change",
             _ => "waiting for a spec change",
         }
     }

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::benchmark::{self, Settings};
 use crate::choose::{self, Choice, ChooseError, DEFAULT_DRIFT_TOLERANCE};
-use crate::conditions::{self, READY, STALLED, Verdicts};
+use crate::conditions::{self, BENCHMARKED, JOB_CREATED, READY, STALLED, Verdicts};
 use crate::context::Context;
 use crate::decide::{self, Halt, Next, Notice, Report, Requeue, Step};
 use crate::decoded::{PlanObject, Undecodable};
@@ -29,6 +29,7 @@ use crate::drift;
 use crate::error::Error;
 use crate::job;
 use crate::metrics::Metrics;
+use crate::reason::Reason;
 use crate::status;
 
 /// How long a search may run before the status says `Tuning`.
@@ -42,14 +43,19 @@ pub async fn reconcile(obj: Arc<PlanObject>, ctx: Arc<Context>) -> Result<Action
     let key = key(&obj.metadata);
     let result = match &obj.object {
         Ok(plan) => Pass::new(plan, &ctx).run().await,
-        Err(bad) => undecodable(&obj, bad, &ctx).await,
+        Err(bad) => undecodable(&obj, bad, &ctx).await.map(|a| (a, false)),
     };
-    ctx.metrics
-        .observe(start.elapsed(), result.as_ref().err().map(Error::reason));
-    if result.is_ok() {
+    let refused = matches!(result, Ok((_, true)));
+    let reason = match &result {
+        Err(e) => Some(e.reason()),
+        Ok((_, true)) => Some("refused"),
+        Ok(_) => None,
+    };
+    ctx.metrics.observe(start.elapsed(), reason);
+    if result.is_ok() && !refused {
         ctx.succeeded(&key);
     }
-    result
+    result.map(|(action, _)| action)
 }
 
 /// Requeue after a failed pass, with per-plan exponential backoff.
@@ -135,9 +141,10 @@ impl<'a> Pass<'a> {
         }
     }
 
-    async fn run(mut self) -> Result<Action, Error> {
+    /// The pass; with the action, whether a write was refused (the backoff then stays).
+    async fn run(mut self) -> Result<(Action, bool), Error> {
         if self.obj.metadata.deletion_timestamp.is_some() {
-            return Ok(Action::await_change());
+            return Ok((Action::await_change(), false));
         }
         let plan = match choose::validate(&self.obj.spec, &self.name, &self.ctx.catalog) {
             Ok(p) => p,
@@ -172,7 +179,15 @@ impl<'a> Pass<'a> {
         let previous = self.previous.benchmark.as_ref();
         let grace = ctx.config.bench_grace;
         let d = benchmark::decide(&seen, plan, &settings, grace, previous, Timestamp::now());
-        let outcome = benchmark::apply(&ctx.client, &ctx.config, obj, plan, &settings, d).await?;
+        let outcome =
+            match benchmark::apply(&ctx.client, &ctx.config, obj, plan, &settings, d).await {
+                Ok(o) => o,
+                Err(e) => {
+                    return self
+                        .refused(e, BENCHMARKED, Reason::BenchmarkPodRefused)
+                        .await;
+                }
+            };
         self.draft.benchmark = Some(benchmark::status_of(&outcome));
         if let benchmark::Outcome::Waiting {
             created: Some(pod), ..
@@ -240,7 +255,10 @@ impl<'a> Pass<'a> {
         };
         let seen = job::observe(ctx, obj).await?;
         let d = job::decide(obj, &seen, desired, &chosen.layout);
-        let outcome = job::apply(ctx, obj, d).await?;
+        let outcome = match job::apply(ctx, obj, d).await {
+            Ok(o) => o,
+            Err(e) => return self.refused(e, JOB_CREATED, Reason::JobRefused).await,
+        };
         self.job = outcome.status();
         if let job::Outcome::Created { name, .. } = &outcome {
             info!(plan = %key(&obj.metadata), job = %name, layout = %chosen.label, "PyTorchJob created");
@@ -272,6 +290,21 @@ impl<'a> Pass<'a> {
         self.draft.drift = compared.map(|c| c.1);
     }
 
+    /// A step's write failed: refused by the API server, the step's condition quotes its
+    /// answer and the pass ends Stalled (with backoff); else the error goes to the error policy.
+    async fn refused<T>(
+        &mut self,
+        e: Error,
+        step: &'static str,
+        reason: Reason,
+    ) -> Result<Next<T>, Error> {
+        let Some(r) = e.refusal() else {
+            return Err(e);
+        };
+        warn!(plan = %key(&self.obj.metadata), refusal = %r, "a write was refused");
+        Ok(self.take(decide::refused(step, reason, &r)).await)
+    }
+
     /// Keep a step's conditions, announce its action, and hand on where the pass goes.
     async fn take<T>(&mut self, step: Step<T>) -> Next<T> {
         self.verdicts.extend(step.conditions);
@@ -283,7 +316,7 @@ impl<'a> Pass<'a> {
 
     /// End the pass: the halt's conditions and phase, the job as the pass leaves it, the
     /// status written once, and when to look again.
-    async fn halt(mut self, h: Halt) -> Result<Action, Error> {
+    async fn halt(mut self, h: Halt) -> Result<(Action, bool), Error> {
         let requeue = h.requeue;
         self.settle(h);
         self.finish().await?;
@@ -295,10 +328,16 @@ impl<'a> Pass<'a> {
             .and_then(|d| d.prometheus.as_ref());
         let config = &self.ctx.config;
         Ok(match requeue {
-            Requeue::OnChange => Action::await_change(),
-            Requeue::After(d) => Action::requeue(d),
-            Requeue::Resync if prometheus.is_some() => Action::requeue(config.drift_interval),
-            Requeue::Resync => Action::requeue(config.resync),
+            Requeue::OnChange => (Action::await_change(), false),
+            Requeue::After(d) => (Action::requeue(d), false),
+            Requeue::Resync if prometheus.is_some() => {
+                (Action::requeue(config.drift_interval), false)
+            }
+            Requeue::Resync => (Action::requeue(config.resync), false),
+            Requeue::Backoff => {
+                let wait = self.ctx.failed(&key(&self.obj.metadata));
+                (Action::requeue(wait), true)
+            }
         })
     }
 
@@ -323,7 +362,10 @@ impl<'a> Pass<'a> {
         let draft = self.draft.clone();
         let status = status::assemble(&self.previous, draft, &self.verdicts, Timestamp::now());
         let at = (self.ns.as_str(), self.name.as_str());
-        let wrote = status::apply(&self.ctx.client, at, &self.previous, &status).await?;
+        let wrote = match status::apply(&self.ctx.client, at, &self.previous, &status).await {
+            Ok(w) => w,
+            Err(e) => return Err(self.status_refused(e).await),
+        };
         if wrote {
             let ready = conditions::find(&status.conditions, READY);
             info!(
@@ -349,6 +391,37 @@ impl<'a> Pass<'a> {
         // The next step of this pass (a notice during tuning) starts from what was written.
         self.previous = status;
         Ok(())
+    }
+
+    /// The status write failed. When the API server refused it, say so with its answer through
+    /// the narrower write of phase and conditions (best effort: it may be refused too); the
+    /// error goes on to the error policy either way.
+    async fn status_refused(&mut self, e: Error) -> Error {
+        let Some(r) = e.refusal() else {
+            return e;
+        };
+        warn!(plan = %key(&self.obj.metadata), refusal = %r, "the status write was refused");
+        let verdicts = decide::status_refused(&r);
+        let draft = TrainingPlanStatus {
+            observed_generation: self.obj.metadata.generation,
+            phase: Some(primus_crds::Phase::Stalled),
+            ..TrainingPlanStatus::default()
+        };
+        let status = status::assemble(&self.previous, draft, &verdicts, Timestamp::now());
+        let at = (self.ns.as_str(), self.name.as_str());
+        match status::patch_conditions(&self.ctx.client, at, &self.previous, &status).await {
+            Ok(true) => {
+                let before = &self.previous.conditions;
+                for n in decide::flip_notices(before, &status.conditions, &verdicts) {
+                    self.publish(n).await;
+                }
+            }
+            Ok(false) => {}
+            Err(e2) => {
+                warn!(plan = %key(&self.obj.metadata), error = %e2, "could not say so either")
+            }
+        }
+        e
     }
 
     /// Publish an Event on the plan (best effort).
