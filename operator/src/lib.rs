@@ -21,6 +21,7 @@ pub mod decide;
 pub mod decoded;
 pub mod drift;
 pub mod error;
+pub mod fence;
 pub mod http;
 pub mod job;
 pub mod kubeapi;

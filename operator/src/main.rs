@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use primus_operator::controller::{self, until_true};
+use primus_operator::fence::{Fence, fenced_client};
 use primus_operator::http::Health;
 use primus_operator::leader::{self, Elector};
 use primus_operator::metrics::Metrics;
@@ -147,21 +148,37 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     .await
     .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
     info!(addr = %bound, "serving /metrics, /healthz and /readyz");
-    let Some(client) = connect(&stop).await? else {
+    let Some((client, kube_config)) = connect(&stop).await? else {
         return Ok(ExitCode::SUCCESS);
     };
     health.set_ready(true);
 
+    // The controller writes through the fence: only while this replica surely holds the
+    // Lease (always, without leader election). The elector writes the Lease with its own client.
+    let fence = if args.leader_elect {
+        Fence::closed()
+    } else {
+        Fence::always()
+    };
+    let acting = fenced_client(kube_config, fence.clone()).context("the controller's client")?;
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let ctx = Arc::new(Context::new(
-        client.clone(),
+        acting.clone(),
         config(&args),
         metrics.clone(),
         catalog,
         Some(identity.clone()),
     ));
     let (halt_tx, halt_rx) = watch::channel(false);
-    let holder = match lead(&args, &client, &identity, &stop, &halt_tx, &metrics).await {
+    let elected = Elected {
+        client: &client,
+        identity: &identity,
+        stop: &stop,
+        halt: &halt_tx,
+        metrics: &metrics,
+        fence: &fence,
+    };
+    let holder = match lead(&args, elected).await {
         Lead::Leading(holder) => holder,
         Lead::Stopped => {
             let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
@@ -173,7 +190,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         until_true(stop).await;
         let _ = halt_tx.send(true);
     });
-    let c = controller::build(&client, args.namespace.as_deref(), &ctx, args.concurrency).await;
+    let c = controller::build(&acting, args.namespace.as_deref(), &ctx, args.concurrency).await;
     controller::run(c, ctx.clone(), halt_rx, args.shutdown_timeout_seconds).await;
     metrics.leader.set(0);
     health.set_ready(false);
@@ -212,20 +229,23 @@ fn catalog(args: &Args) -> anyhow::Result<Catalog> {
     Ok(catalog)
 }
 
-/// A client, once the API server answers (`None`: stopped first; waits are bounded by the stop
-/// signal, not by a count).
-async fn connect(stop: &watch::Receiver<bool>) -> anyhow::Result<Option<kube::Client>> {
-    let client = tokio::select! {
-        c = kube::Client::try_default() => c.context("Kubernetes client configuration")?,
+/// A client and its configuration, once the API server answers (`None`: stopped first; waits
+/// are bounded by the stop signal, not by a count).
+async fn connect(
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Option<(kube::Client, kube::Config)>> {
+    let config = tokio::select! {
+        c = kube::Config::infer() => c.context("Kubernetes client configuration")?,
         _ = until_true(stop.clone()) => return Ok(None),
     };
+    let client = kube::Client::try_from(config.clone()).context("Kubernetes client")?;
     loop {
         let probe = tokio::time::timeout(Duration::from_secs(5), client.apiserver_version());
         tokio::select! {
             r = probe => match r {
                 Ok(Ok(v)) => {
                     info!(server = %v.git_version, "connected to the API server");
-                    return Ok(Some(client));
+                    return Ok(Some((client, config)));
                 }
                 Ok(Err(e)) => warn!(error = %e, "API server not reachable yet"),
                 Err(_) => warn!("API server did not answer within 5s"),
@@ -267,16 +287,28 @@ enum Lead {
     Stopped,
 }
 
-/// Wait to lead (or lead at once without leader election); the holder sends `halt` when the
-/// Lease is lost.
-async fn lead(
-    args: &Args,
-    client: &kube::Client,
-    identity: &str,
-    stop: &watch::Receiver<bool>,
-    halt: &watch::Sender<bool>,
-    metrics: &Metrics,
-) -> Lead {
+/// What leader election works with.
+struct Elected<'a> {
+    /// The elector's own client (its Lease writes are not fenced).
+    client: &'a kube::Client,
+    identity: &'a str,
+    stop: &'a watch::Receiver<bool>,
+    halt: &'a watch::Sender<bool>,
+    metrics: &'a Metrics,
+    fence: &'a Fence,
+}
+
+/// Wait to lead (or lead at once without leader election); the holder closes the fence, sets
+/// the leader gauge to 0 and sends `halt` when the Lease is lost.
+async fn lead(args: &Args, x: Elected<'_>) -> Lead {
+    let Elected {
+        client,
+        identity,
+        stop,
+        halt,
+        metrics,
+        fence,
+    } = x;
     if !args.leader_elect {
         metrics.leader.set(1);
         return Lead::Leading(None);
@@ -292,16 +324,18 @@ async fn lead(
     let mut e = Elector::new(client.clone(), settings);
     let mut s = stop.clone();
     info!(identity = %identity, lease = %args.lease_name, "waiting to lead");
-    if leader::acquire(&mut e, &mut s).await.is_none() {
+    if leader::acquire(&mut e, &mut s, fence).await.is_none() {
         return Lead::Stopped;
     }
     metrics.leader.set(1);
     info!(identity = %identity, "leading");
     let halt = halt.clone();
     let mut s = stop.clone();
+    let (fence, metrics) = (fence.clone(), metrics.clone());
     Lead::Leading(Some(tokio::spawn(async move {
-        let clean = leader::hold(&mut e, &mut s).await;
+        let clean = leader::hold(&mut e, &mut s, &fence).await;
         if !clean {
+            metrics.leader.set(0);
             let _ = halt.send(true);
         }
         (clean, e)
