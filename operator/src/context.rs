@@ -31,6 +31,9 @@ pub struct Config {
     /// Extra grace after `timeoutSeconds` before a benchmark pod that never finished (no
     /// kubelet honoured `activeDeadlineSeconds`) counts as failed.
     pub bench_grace: Duration,
+    /// Where `spec.drift.prometheus.url` may point (`--drift-url-allow`); empty: nowhere, the
+    /// plans' Prometheus queries are refused.
+    pub drift_urls: Vec<crate::drift::UrlRule>,
 }
 
 impl Default for Config {
@@ -45,6 +48,7 @@ impl Default for Config {
             resync: Duration::from_secs(600),
             drift_interval: Duration::from_secs(60),
             bench_grace: Duration::from_secs(30),
+            drift_urls: Vec::new(),
         }
     }
 }
@@ -92,11 +96,7 @@ impl Context {
                 instance,
             },
         );
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let http = crate::drift::client();
         Context {
             client,
             config,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use primus_operator::controller::{self, until_true};
+use primus_operator::drift::UrlRule;
 use primus_operator::fence::{Fence, fenced_client};
 use primus_operator::http::Health;
 use primus_operator::leader::{self, Elector};
@@ -86,6 +87,17 @@ struct Args {
     /// node took it) counts as a failed attempt.
     #[arg(long, env = "PRIMUS_BENCH_GRACE_SECONDS", value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     bench_grace_seconds: Duration,
+    /// Where plans' `spec.drift.prometheus.url` may point: `scheme://host[:port]`, the host
+    /// exact or `*.domain`; without a port only the scheme's default port (repeat the flag, or
+    /// separate entries with commas in the variable). None by default: Prometheus drift
+    /// queries are refused until the operator's administrators list their Prometheus.
+    #[arg(
+        long = "drift-url-allow",
+        env = "PRIMUS_DRIFT_URL_ALLOW",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    drift_url_allow: Vec<UrlRule>,
     /// Extra profiles directory (models/ and hardware/ YAML files).
     #[arg(long, env = "PRIMUS_PROFILES_DIR")]
     profiles_dir: Option<PathBuf>,
@@ -275,6 +287,7 @@ fn config(args: &Args) -> Config {
         resync: args.resync_seconds.max(Duration::from_secs(1)),
         drift_interval: args.drift_interval_seconds.max(Duration::from_secs(1)),
         bench_grace: args.bench_grace_seconds,
+        drift_urls: args.drift_url_allow.clone(),
     }
 }
 

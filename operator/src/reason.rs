@@ -61,6 +61,8 @@ pub enum Reason {
     OutsideTolerance,
     NoMeasurement,
     QueryFailed,
+    /// `spec.drift.prometheus.url` is not in the operator's allow-list.
+    UrlNotAllowed,
     // Ready, Reconciling, Stalled.
     Ready,
     Progressing,
@@ -108,6 +110,7 @@ impl Reason {
             Reason::OutsideTolerance => "OutsideTolerance",
             Reason::NoMeasurement => "NoMeasurement",
             Reason::QueryFailed => "QueryFailed",
+            Reason::UrlNotAllowed => "URLNotAllowed",
             Reason::Ready => "Ready",
             Reason::Progressing => "Progressing",
             Reason::Tuning => "Tuning",
@@ -133,6 +136,7 @@ impl Reason {
             | Reason::JobNameTaken
             | Reason::OutsideTolerance
             | Reason::QueryFailed
+            | Reason::UrlNotAllowed
             | Reason::InvalidSpec
             | Reason::BenchmarkPodRefused
             | Reason::JobRefused

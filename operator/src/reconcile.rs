@@ -269,10 +269,11 @@ impl<'a> Pass<'a> {
     /// Drift: measure (the plan's Prometheus query, else `status.measured`), compare, export.
     async fn drift(&mut self, projected: f64) {
         let spec = self.obj.spec.drift.clone().unwrap_or_default();
-        let measured = drift::measure(&self.ctx.http, &spec, self.previous.measured.as_ref());
-        let measured = match measured.await {
+        let rules = &self.ctx.config.drift_urls;
+        let recorded = self.previous.measured.as_ref();
+        let measured = match drift::measure(&self.ctx.http, rules, &spec, recorded).await {
             Ok(m) => m,
-            Err(e) => return self.verdicts.extend(decide::drift_unknown(&e.to_string())),
+            Err(e) => return self.verdicts.extend(decide::drift_unknown(&e)),
         };
         let tolerance = spec.tolerance.unwrap_or(DEFAULT_DRIFT_TOLERANCE);
         let plan = (self.ns.as_str(), self.name.as_str());

@@ -475,12 +475,17 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
     }
 }
 
-/// The drift source could not be read.
-pub fn drift_unknown(error: &str) -> Verdicts {
+/// The drift source could not be read (its URL not allowed, or the query failed).
+pub fn drift_unknown(error: &drift::QueryError) -> Verdicts {
+    let reason = if error.not_allowed() {
+        Reason::UrlNotAllowed
+    } else {
+        Reason::QueryFailed
+    };
     Verdicts::default().with(
         DRIFT_WITHIN_TOLERANCE,
         State::Unknown,
-        Reason::QueryFailed,
+        reason,
         format!("spec.drift.prometheus: {error}"),
     )
 }
