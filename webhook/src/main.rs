@@ -133,6 +133,11 @@ struct Args {
     )]
     budget_seconds: Duration,
 
+    /// Admission reviews evaluated at once; beyond it a review is answered at once with HTTP
+    /// 429 and the API server applies the webhook's failurePolicy.
+    #[arg(long, env = "PRIMUS_WEBHOOK_MAX_IN_FLIGHT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_in_flight: u32,
+
     /// Time the nearest-layout search of a denial may take, seconds.
     #[arg(
         long,
@@ -236,6 +241,7 @@ async fn main() -> Result<()> {
         ready: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
         budget: args.budget_seconds,
+        slots: Arc::new(tokio::sync::Semaphore::new(args.max_in_flight as usize)),
     });
 
     let mut background = Vec::new();
@@ -337,6 +343,7 @@ async fn main() -> Result<()> {
         background.push(tokio::spawn(server::serve_plain(
             plain,
             state.clone(),
+            primus_runtime::http::HEADER_READ_TIMEOUT,
             wait_stop(stop_rx.clone()),
         )));
     }
