@@ -34,6 +34,11 @@ pub struct Config {
     /// Where `spec.drift.prometheus.url` may point (`--drift-url-allow`); empty: nowhere, the
     /// plans' Prometheus queries are refused.
     pub drift_urls: Vec<crate::drift::UrlRule>,
+    /// Images a plan's `spec.benchmark.image` may name (`--bench-image-allow`), besides
+    /// `bench_image`: exact, or a prefix ending in `*`.
+    pub bench_images: Vec<String>,
+    /// The key benchmark tokens derive from (loaded from its Secret at start-up).
+    pub report_key: crate::report_key::ReportKey,
 }
 
 impl Default for Config {
@@ -49,6 +54,8 @@ impl Default for Config {
             drift_interval: Duration::from_secs(60),
             bench_grace: Duration::from_secs(30),
             drift_urls: Vec::new(),
+            bench_images: Vec::new(),
+            report_key: crate::report_key::ReportKey::random(),
         }
     }
 }

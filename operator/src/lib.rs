@@ -29,6 +29,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reason;
 pub mod reconcile;
+pub mod report_key;
 pub mod status;
 #[cfg(test)]
 mod testing;

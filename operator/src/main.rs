@@ -16,6 +16,7 @@ use primus_operator::fence::{Fence, fenced_client};
 use primus_operator::http::Health;
 use primus_operator::leader::{self, Elector};
 use primus_operator::metrics::Metrics;
+use primus_operator::report_key::{self, ReportKey};
 use primus_operator::{Config, Context};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::Backend;
@@ -87,6 +88,24 @@ struct Args {
     /// node took it) counts as a failed attempt.
     #[arg(long, env = "PRIMUS_BENCH_GRACE_SECONDS", value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     bench_grace_seconds: Duration,
+    /// Images a plan's `spec.benchmark.image` may name besides --bench-image: exact names, or
+    /// prefixes ending in `*` (`registry.example.com/ml/primus:*`); repeat the flag or separate
+    /// them with commas. A plan asking for another image is Stalled (ImageNotAllowed).
+    #[arg(
+        long = "bench-image-allow",
+        env = "PRIMUS_BENCH_IMAGE_ALLOW",
+        value_name = "IMAGE",
+        value_delimiter = ','
+    )]
+    bench_image_allow: Vec<String>,
+    /// Secret (in the lease namespace) holding the key benchmark-report tokens derive from;
+    /// created with a random key when missing.
+    #[arg(
+        long,
+        env = "PRIMUS_REPORT_KEY_SECRET",
+        default_value = "primus-operator-report-key"
+    )]
+    report_key_secret: String,
     /// Where plans' `spec.drift.prometheus.url` may point: `scheme://host[:port]`, the host
     /// exact or `*.domain`; without a port only the scheme's default port (repeat the flag, or
     /// separate entries with commas in the variable). None by default: Prometheus drift
@@ -173,10 +192,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Fence::always()
     };
     let acting = fenced_client(kube_config, fence.clone()).context("the controller's client")?;
+    let Some(report_key) = report_key(&args, &client, &stop).await else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let ctx = Arc::new(Context::new(
         acting.clone(),
-        config(&args),
+        config(&args, report_key),
         metrics.clone(),
         catalog,
         Some(identity.clone()),
@@ -271,8 +293,8 @@ async fn connect(
     }
 }
 
-/// The operator's configuration from its flags.
-fn config(args: &Args) -> Config {
+/// The operator's configuration from its flags and its report key.
+fn config(args: &Args, report_key: ReportKey) -> Config {
     Config {
         bench_image: args
             .bench_image
@@ -288,6 +310,28 @@ fn config(args: &Args) -> Config {
         drift_interval: args.drift_interval_seconds.max(Duration::from_secs(1)),
         bench_grace: args.bench_grace_seconds,
         drift_urls: args.drift_url_allow.clone(),
+        bench_images: args.bench_image_allow.clone(),
+        report_key,
+    }
+}
+
+/// The report key from its Secret (made when missing), retried until it is there or the
+/// process stops (`None`).
+async fn report_key(
+    args: &Args,
+    client: &kube::Client,
+    stop: &watch::Receiver<bool>,
+) -> Option<ReportKey> {
+    let ns = lease_namespace(args);
+    loop {
+        match report_key::load_or_create(client, &ns, &args.report_key_secret).await {
+            Ok(k) => return Some(k),
+            Err(e) => warn!(error = %e, "cannot read or create the report key yet; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = until_true(stop.clone()) => return None,
+        }
     }
 }
 

@@ -37,6 +37,12 @@ pub enum Reason {
     Disabled,
     /// A later step waits for the benchmark.
     WaitingForBenchmark,
+    /// The report's measurements were beyond their band and clamped.
+    RatiosClamped,
+    /// `spec.benchmark.image` is not in the operator's allow-list.
+    ImageNotAllowed,
+    /// A report named for the plan was not believed (Event).
+    ReportIgnored,
     // Projected and Tuned.
     Projected,
     Tuned,
@@ -93,6 +99,9 @@ impl Reason {
             Reason::BenchmarkFailed => "BenchmarkFailed",
             Reason::Disabled => "Disabled",
             Reason::WaitingForBenchmark => "WaitingForBenchmark",
+            Reason::RatiosClamped => "RatiosClamped",
+            Reason::ImageNotAllowed => "ImageNotAllowed",
+            Reason::ReportIgnored => "ReportIgnored",
             Reason::Projected => "Projected",
             Reason::Tuned => "Tuned",
             Reason::LayoutGiven => "LayoutGiven",
@@ -137,6 +146,9 @@ impl Reason {
             | Reason::OutsideTolerance
             | Reason::QueryFailed
             | Reason::UrlNotAllowed
+            | Reason::RatiosClamped
+            | Reason::ImageNotAllowed
+            | Reason::ReportIgnored
             | Reason::InvalidSpec
             | Reason::BenchmarkPodRefused
             | Reason::JobRefused

@@ -15,6 +15,7 @@ use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Event;
 use primus_crds::{JobStatus, LayoutSummary, TrainingPlan, TrainingPlanStatus};
+use primus_oracle::calibrate::Calibration;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::BenchmarkResults;
 use tracing::{info, warn};
@@ -175,7 +176,26 @@ impl<'a> Pass<'a> {
         let (ctx, obj) = (self.ctx, self.obj);
         let backend = choose::bench_backend(&obj.spec, plan, ctx.config.bench_backend);
         let settings = Settings::of(&spec, backend, &ctx.config);
-        let seen = benchmark::observe(&ctx.client, obj, plan, &settings).await?;
+        if !benchmark::image_allowed(&settings.image, &ctx.config) {
+            let allowed = benchmark::allowed_images(&ctx.config);
+            return Ok(self
+                .take(decide::image_not_allowed(&settings.image, &allowed))
+                .await);
+        }
+        let report_key = &ctx.config.report_key;
+        let seen = benchmark::observe(&ctx.client, obj, plan, &settings, report_key).await?;
+        if let Some((name, why)) = seen.ignored.iter().find(|(n, _)| *n == seen.report) {
+            let note = format!("BenchmarkReport {name} is ignored: {why}");
+            warn!(plan = %key(&obj.metadata), "{note}");
+            let reason = Reason::ReportIgnored;
+            let action = "VerifyReport".into();
+            self.publish(Notice {
+                reason,
+                action,
+                note,
+            })
+            .await;
+        }
         let previous = self.previous.benchmark.as_ref();
         let grace = ctx.config.bench_grace;
         let d = benchmark::decide(&seen, plan, &settings, grace, previous, Timestamp::now());
@@ -196,7 +216,15 @@ impl<'a> Pass<'a> {
             ctx.metrics.benchmark_pods_created.inc();
             info!(plan = %key(&obj.metadata), pod = %pod, "benchmark pod created");
         }
-        Ok(self.take(decide::benchmarked(Some(outcome))).await)
+        let next = self.take(decide::benchmarked(Some(outcome))).await;
+        if let Next::Go(Some(r)) = &next
+            && let Ok(c) = Calibration::new(&plan.scenario, &r.results)
+            && let Some(v) = decide::clamped(&r.name, c.clamped())
+        {
+            warn!(plan = %key(&obj.metadata), report = %r.name, "measurements clamped");
+            self.verdicts.extend(v);
+        }
+        Ok(next)
     }
 
     /// Project and tune: the status's choice for this generation and report, else a search.

@@ -7,10 +7,12 @@ use primus_crds::{BenchmarkReport, TrainingPlan};
 use primus_oracle::bench;
 use primus_oracle::plan::Plan;
 
+use super::distrust;
 use super::{COMPONENT, COMPONENT_LABEL, PLAN_LABEL, Settings, attempt_of, matches};
 use crate::decoded::Decoded;
 use crate::error::Error;
 use crate::kubeapi::{call, controlled_by, plan_label_value, report_resource};
+use crate::report_key::ReportKey;
 
 /// A plan's benchmark as the API server has it.
 #[derive(Debug, Clone, Default)]
@@ -19,9 +21,10 @@ pub struct Observed {
     pub key: String,
     /// The name of the plan's own report (and the prefix of its pods).
     pub report: String,
-    /// Every BenchmarkReport in the plan's namespace that decodes.
+    /// Every BenchmarkReport in the plan's namespace that decodes and is believed (controlled
+    /// by its plan, signed by that plan's benchmark pod).
     pub reports: Vec<BenchmarkReport>,
-    /// Reports left out, by name, and why (a report the types cannot read).
+    /// Reports left out, by name, and why (not believed, or the types cannot read it).
     pub ignored: Vec<(String, String)>,
     /// The plan's pods for its report (controlled by the plan), by attempt.
     pub pods: Vec<Pod>,
@@ -36,6 +39,7 @@ pub async fn observe(
     plan_obj: &TrainingPlan,
     plan: &Plan,
     settings: &Settings,
+    report_key: &ReportKey,
 ) -> Result<Observed, Error> {
     let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
     let name = plan_obj.metadata.name.clone().unwrap_or_default();
@@ -53,7 +57,9 @@ pub async fn observe(
     )
     .await?
     .items;
-    let (reports, ignored) = decode_reports(listed);
+    let (decoded, mut ignored) = decode_reports(listed);
+    let (reports, distrusted) = believed(decoded, report_key, &report, &uid);
+    ignored.extend(distrusted);
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let selector = format!(
         "{PLAN_LABEL}={},{COMPONENT_LABEL}={COMPONENT}",
@@ -87,9 +93,16 @@ pub async fn observe(
         )
         .await?
         .and_then(|r| decode_reports(vec![r]).0.pop())
+        .and_then(|r| {
+            let (mut good, bad) = believed(vec![r], report_key, &report, &uid);
+            ignored.extend(bad);
+            good.pop()
+        })
     } else {
         None
     };
+    ignored.sort();
+    ignored.dedup();
     Ok(Observed {
         key,
         report,
@@ -98,6 +111,26 @@ pub async fn observe(
         pods,
         reread,
     })
+}
+
+/// The reports believed, and the names of the others with why not.
+fn believed(
+    reports: Vec<BenchmarkReport>,
+    key: &ReportKey,
+    own: &str,
+    uid: &str,
+) -> (Vec<BenchmarkReport>, Vec<(String, String)>) {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for r in reports {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let own_uid = (name == own).then_some(uid);
+        match distrust(&r, key, own_uid) {
+            None => good.push(r),
+            Some(why) => bad.push((name, why)),
+        }
+    }
+    (good, bad)
 }
 
 /// The reports that decode, and the names of those that do not with the field and the error.

@@ -552,7 +552,7 @@ pub fn flip_notices(before: &[Condition], after: &[Condition], verdicts: &Verdic
 }
 
 mod refused;
-pub use refused::{refused, status_refused};
+pub use refused::{clamped, image_not_allowed, refused, status_refused};
 
 #[cfg(test)]
 mod tests;
