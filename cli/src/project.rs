@@ -159,8 +159,8 @@ fn print_projection_json(
     let Some((timer, cov)) = calibrated else {
         return print_json(proj);
     };
-    let mut v = serde_json::to_value(proj)
-        .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+    let mut v =
+        serde_json::to_value(proj).map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
     let c = &timer.calibration;
     v["calibration"] = serde_json::json!({
         "report": args.calibration.as_ref().map(|p| p.display().to_string()),
