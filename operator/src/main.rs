@@ -224,8 +224,15 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         until_true(stop).await;
         let _ = halt_tx.send(true);
     });
-    let c = controller::build(&acting, args.namespace.as_deref(), &ctx, args.concurrency).await;
-    controller::run(c, ctx.clone(), halt_rx, args.shutdown_timeout_seconds).await;
+    // Building the controller asks the API server (discovery); a signal or a lost lease must
+    // not wait for an answer that may never come.
+    let build = controller::build(&acting, args.namespace.as_deref(), &ctx, args.concurrency);
+    tokio::select! {
+        c = build => {
+            controller::run(c, ctx.clone(), halt_rx, args.shutdown_timeout_seconds).await;
+        }
+        _ = until_true(halt_rx.clone()) => info!("stopped before the controller started"),
+    }
     metrics.leader.set(0);
     health.set_ready(false);
     let code = step_down(holder).await;

@@ -448,11 +448,12 @@ fn two_replicas_rotate_their_shared_ca_without_a_failed_review() {
     assert!(reloads.iter().all(|n| *n >= 4.0), "{reloads:?}");
     assert!(answered.iter().all(|n| *n > 0.0), "{answered:?}");
     // The bundle went to two CAs and back to one, trusting both for the two overlaps (4 s each,
-    // sampled every few hundred ms).
+    // sampled every few hundred ms; on a loaded 2-core machine a sample can come seconds late,
+    // 6.6 s was seen once). A retire without its overlap gives 3.4 s: 5.5 s tells them apart.
     assert!(two.is_some() && back > two, "{sizes:?}");
     let both = back.unwrap_or(0.0) - two.unwrap_or(0.0);
     assert!(
-        both >= 7.0,
+        both >= 5.5,
         "two CAs trusted for {both:.1} s only: {sizes:?}"
     );
 }
