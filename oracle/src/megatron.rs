@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::bounds::limits;
 use crate::error::FieldError;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
@@ -263,6 +264,44 @@ pub fn model_args(m: &ModelCard) -> Vec<String> {
     a
 }
 
+/// Numeric flags and their largest values (the bounds of the card, layout and training fields
+/// they set, [`crate::bounds::limits`]), checked before the flags become a model, a layout
+/// and training settings, so a message names the flag.
+pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
+    (flag::NUM_LAYERS, limits::LAYERS),
+    (flag::HIDDEN, limits::HIDDEN),
+    (flag::FFN_HIDDEN, limits::FFN),
+    (flag::HEADS, limits::HEADS),
+    (flag::QUERY_GROUPS, limits::HEADS),
+    (flag::KV_CHANNELS, limits::HIDDEN),
+    (flag::VOCAB, limits::VOCAB),
+    (flag::VOCAB_ALT, limits::VOCAB),
+    (flag::NUM_EXPERTS, limits::EXPERTS),
+    (flag::MOE_TOPK, limits::EXPERTS),
+    (flag::MOE_FFN_HIDDEN, limits::FFN),
+    (flag::MOE_SHARED_FFN, limits::FFN),
+    (flag::MOE_FIRST_DENSE, limits::LAYERS),
+    (flag::Q_LORA, limits::HIDDEN),
+    (flag::KV_LORA, limits::HIDDEN),
+    (flag::QK_HEAD_DIM, limits::HIDDEN),
+    (flag::QK_POS_HEAD_DIM, limits::HIDDEN),
+    (flag::V_HEAD_DIM, limits::HIDDEN),
+    (flag::MTP_LAYERS, limits::MTP_LAYERS),
+    (flag::SEQ, limits::SEQ),
+    (flag::GBS, limits::GLOBAL_BATCH),
+    (flag::MBS, limits::AXIS),
+    (flag::TP, limits::AXIS),
+    (flag::PP, limits::AXIS),
+    (flag::CP, limits::AXIS),
+    (flag::EP, limits::AXIS),
+    (flag::ETP, limits::AXIS),
+    (flag::VPP_SIZE, limits::AXIS),
+    (flag::VPP_LAYERS, limits::LAYERS),
+    (flag::RECOMPUTE_NUM_LAYERS, limits::LAYERS),
+    (flag::FIRST_STAGE_LAYERS, limits::LAYERS),
+    (flag::LAST_STAGE_LAYERS, limits::LAYERS),
+];
+
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
 const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES];
 
@@ -363,6 +402,30 @@ impl MegatronArgs {
             values.insert(t.clone(), value);
         }
         MegatronArgs { values }
+    }
+
+    /// The numeric flags within their bounds ([`BOUNDED_FLAGS`]); the error names the flag.
+    pub fn check_bounds(&self) -> Result<(), FieldError> {
+        for &(f, max) in BOUNDED_FLAGS {
+            if let Some(v) = self.get(f)
+                && let Ok(n) = v.trim().parse::<u128>()
+                && n > u128::from(max)
+            {
+                return Err(FieldError::new(
+                    f,
+                    format!("{n} is beyond any real job (at most {max})"),
+                ));
+            }
+        }
+        if let Some(l) = self.get(flag::PIPELINE_LAYOUT)
+            && l.chars().nth(limits::LAYOUT_TEXT as usize).is_some()
+        {
+            return Err(FieldError::new(
+                flag::PIPELINE_LAYOUT,
+                format!("is longer than {} characters", limits::LAYOUT_TEXT),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether a flag (switch or valued) is present.

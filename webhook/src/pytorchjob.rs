@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_crds::annotations;
 use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::FieldError;
+use primus_oracle::bounds::{self, limits};
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
 use primus_oracle::model::ModelCard;
@@ -23,7 +24,6 @@ use primus_oracle::profiles::Catalog;
 use primus_oracle::scenario::{Cluster, Scenario, Training};
 use serde_json::Value;
 
-use crate::bounds::{self, limits};
 use crate::gpu;
 
 /// Where the layout came from: decides how a bad field is named in messages.
@@ -288,7 +288,7 @@ pub fn derive_spec(
         .map(container_words)
         .unwrap_or_default();
     let args = MegatronArgs::parse(words.iter().copied());
-    bounds::check_flags(&args).map_err(DeriveError::Invalid)?;
+    args.check_bounds().map_err(DeriveError::Invalid)?;
 
     let model = model_of(&args, annotations, catalog)?.map_err(|m| missing.push(m));
     let training = training_of(&args, annotations)?.map_err(|m| missing.push(m));
@@ -306,18 +306,18 @@ pub fn derive_spec(
             "the job could not be derived".into(),
         ]));
     };
-    let name = |f: &str| job_field(&format!("spec.parallelism.{f}"), layout_source);
-    bounds::check_layout(&layout, world.gpus, &name).map_err(DeriveError::Invalid)?;
     let gpus_per_node = world.per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
+    // Both bounded (world_of): the casts keep the values.
     let scenario = Scenario {
         model,
         hardware: gpu.profile,
         cluster: Cluster {
-            gpus: world.gpus as u32,
-            gpus_per_node: gpus_per_node.clamp(1, limits::AXIS as u64) as u32,
+            gpus: world.gpus.min(limits::GPUS) as u32,
+            gpus_per_node: gpus_per_node.clamp(1, limits::AXIS) as u32,
         },
         training,
     };
+    // The layout's bounds, then its legality (products in checked arithmetic).
     layout.check(&scenario).map_err(|e| {
         DeriveError::invalid(
             job_field(&e.field, layout_source),
@@ -342,7 +342,6 @@ fn model_of(
 ) -> Result<Result<ModelCard, String>, DeriveError> {
     if let Some(card) = parse_annotation::<ModelCard>(annotations, annotations::MODEL_CARD)? {
         let at = annotation_field(annotations::MODEL_CARD);
-        bounds::check_card(&card, &format!("{at}.")).map_err(DeriveError::Invalid)?;
         card.validate(&at).map_err(DeriveError::Invalid)?;
         return Ok(Ok(card));
     }
@@ -357,7 +356,6 @@ fn model_of(
     }
     match args.model_card().map_err(DeriveError::Invalid)? {
         Some(card) => {
-            bounds::check_card(&card, "--").map_err(DeriveError::Invalid)?;
             card.validate("megatron flags")
                 .map_err(DeriveError::Invalid)?;
             Ok(Ok(card))
@@ -403,26 +401,7 @@ fn training_of(
             flag::GBS.to_string()
         }
     };
-    if t.seq_length == 0 || t.seq_length > limits::SEQ {
-        return Err(DeriveError::invalid(
-            field("seqLength"),
-            format!(
-                "{} is not a sequence length in 1..={}",
-                t.seq_length,
-                limits::SEQ
-            ),
-        ));
-    }
-    if t.global_batch_size == 0 || t.global_batch_size > limits::GBS {
-        return Err(DeriveError::invalid(
-            field("globalBatchSize"),
-            format!(
-                "{} is not a global batch size in 1..={}",
-                t.global_batch_size,
-                limits::GBS
-            ),
-        ));
-    }
+    bounds::check(&t, "").map_err(|e| DeriveError::invalid(field(&e.field), e.message))?;
     Ok(Ok(t))
 }
 
@@ -476,13 +455,13 @@ fn world_of(
     if known && w.gpus == 0 {
         missing.push("world size: the replicas add up to 0 GPUs".into());
     }
-    if w.gpus > limits::WORLD {
+    if w.gpus > limits::GPUS {
         return Err(DeriveError::invalid(
             "spec.pytorchReplicaSpecs",
             format!(
                 "replicas x nprocPerNode = {} GPUs is beyond any real job (at most {})",
                 w.gpus,
-                limits::WORLD
+                limits::GPUS
             ),
         ));
     }

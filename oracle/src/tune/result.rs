@@ -114,6 +114,10 @@ pub struct TuneResult {
     /// The agent's counters (searcher `agent`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStats>,
+    /// The search stopped at its deadline ([`super::TuneOptions::deadline`]): the best found
+    /// so far, not necessarily the best of the space. Absent when the search ran to the end.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 impl TuneResult {
@@ -159,6 +163,7 @@ impl TuneResult {
             },
             memory_headroom,
             agent,
+            timed_out: false,
         }
     }
 }
