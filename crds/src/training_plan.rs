@@ -60,9 +60,16 @@ pub struct TrainingPlanSpec {
 
 impl TrainingPlanSpec {
     /// The oracle's view of this spec, through the oracle's own parser (same rules, same
-    /// field names as `primus tune -f plan.yaml`).
+    /// field names as `primus tune -f plan.yaml`). The operator's fields (benchmark, job,
+    /// drift) are left out: the oracle does not read them, and the job template is free-form.
     pub fn to_oracle(&self) -> Result<PlanSpec, FieldError> {
-        let value = serde_json::to_value(self)
+        let oracle_fields = TrainingPlanSpec {
+            benchmark: None,
+            job: None,
+            drift: None,
+            ..self.clone()
+        };
+        let value = serde_json::to_value(&oracle_fields)
             .map_err(|e| FieldError::new("spec", format!("cannot be serialized: {e}")))?;
         PlanSpec::from_json(value)
     }

@@ -35,6 +35,30 @@ pub enum Runner {
     Cli,
 }
 
+/// Deepest nesting of `spec.job.template` (a PyTorchJob nests about 12 levels; the job
+/// writer and the webhook read it with recursive decoders).
+pub const TEMPLATE_DEPTH: usize = 32;
+
+/// How deeply `v` nests (a scalar is 1), counted without recursion and no further than
+/// `limit + 1`.
+pub fn depth(v: &serde_json::Value, limit: usize) -> usize {
+    use serde_json::Value;
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(v, 1)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        if deepest > limit {
+            break;
+        }
+        match v {
+            Value::Array(a) => stack.extend(a.iter().map(|x| (x, d + 1))),
+            Value::Object(m) => stack.extend(m.values().map(|x| (x, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// Message of the `agent` searcher in the cluster (the webhook and the operator say the same).
 pub const AGENT_IN_CLUSTER: &str = "the operator does not run the `agent` searcher (it needs an LLM endpoint); use exhaustive, seed or evolutionary, or run `primus tune` with the agent and give its result as spec.parallelism with searcher none";
 
@@ -96,6 +120,14 @@ impl TrainingPlanSpec {
         catalog: &Catalog,
         runner: Runner,
     ) -> Result<Plan, FieldError> {
+        if let Some(t) = self.job.as_ref().and_then(|j| j.template.as_ref())
+            && depth(t, TEMPLATE_DEPTH) > TEMPLATE_DEPTH
+        {
+            return Err(FieldError::new(
+                "spec.job.template",
+                format!("nests deeper than {TEMPLATE_DEPTH} levels"),
+            ));
+        }
         let plan = self.to_oracle()?.resolve(name, catalog)?;
         if let Some(l) = &plan.layout {
             l.check(&plan.scenario).map_err(FieldError::from)?;

@@ -287,7 +287,7 @@ pub fn check_one(field: &str, limit: Limit, seen: Seen<'_>, at: &str) -> Result<
             match pattern {
                 Some(p) if !(p.test)(s) => Err(FieldError::new(
                     path(at, field),
-                    format!("{s:?} is not {}", p.what),
+                    format!("{} is not {}", crate::parse::quote(s), p.what),
                 )),
                 _ => Ok(()),
             }

@@ -11,6 +11,7 @@ use crate::bounds::limits;
 use crate::error::FieldError;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
+use crate::parse::quote;
 use crate::precision::Precision;
 use crate::scenario::{Scenario, Training};
 
@@ -450,7 +451,7 @@ impl MegatronArgs {
             Some(Some(v)) => v
                 .parse::<T>()
                 .map(Some)
-                .map_err(|_| FieldError::new(f, format!("{v:?} is not a valid number"))),
+                .map_err(|_| FieldError::new(f, format!("{} is not a valid number", quote(v)))),
         }
     }
 
@@ -521,7 +522,7 @@ impl MegatronArgs {
             Some(other) => {
                 return Err(FieldError::new(
                     flag::RECOMPUTE_GRANULARITY,
-                    format!("{other:?} is not full or selective"),
+                    format!("{} is not full or selective", quote(other)),
                 ));
             }
         };
@@ -536,7 +537,8 @@ impl MegatronArgs {
                         FieldError::new(
                             flag::RECOMPUTE_MODULES,
                             format!(
-                                "{w:?} is not a recompute module ({})",
+                                "{} is not a recompute module ({})",
+                                quote(w),
                                 RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
                             ),
                         )

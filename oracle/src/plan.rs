@@ -14,7 +14,7 @@ use crate::error::{FieldError, PlanError};
 use crate::hardware::HardwareProfile;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::ModelCard;
-use crate::parse::{from_value_at, parse_yaml_value};
+use crate::parse::{from_value_at, one_line, parse_yaml_value};
 use crate::profiles::Catalog;
 use crate::scenario::{Cluster, Scenario, Training};
 
@@ -587,7 +587,7 @@ pub fn read_document(
         {
             return Err(PlanError::field(
                 "kind",
-                format!("expected TrainingPlan, got {kind}"),
+                one_line(&format!("expected TrainingPlan, got {kind}")),
             ));
         }
         if let Some(api) = doc.get("apiVersion")
@@ -595,7 +595,7 @@ pub fn read_document(
         {
             return Err(PlanError::field(
                 "apiVersion",
-                format!("expected primus.dev/v1alpha1, got {api}"),
+                one_line(&format!("expected primus.dev/v1alpha1, got {api}")),
             ));
         }
         let name = doc

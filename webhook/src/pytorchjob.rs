@@ -19,7 +19,7 @@ use primus_oracle::bounds::{self, limits};
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{MegatronArgs, flag};
 use primus_oracle::model::ModelCard;
-use primus_oracle::parse::from_value_at;
+use primus_oracle::parse::{from_value_at, quote};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::scenario::{Cluster, Scenario, Training};
 use serde_json::Value;
@@ -127,7 +127,7 @@ fn gpu_limit(c: &Container, resources: &[String]) -> Result<Option<(String, u64)
                     Ok(n) => Ok(Some((res.clone(), n))),
                     Err(_) => Err(DeriveError::invalid(
                         format!("containers[{}].resources.{section}[{res}]", c.name),
-                        format!("{:?} is not a whole number of GPUs", q.0),
+                        format!("{} is not a whole number of GPUs", quote(&q.0)),
                     )),
                 };
             }
@@ -154,13 +154,13 @@ fn procs_per_replica(
         Some(IntOrString::String(s)) => {
             let s = s.trim();
             match s {
-                "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {s:?}"))),
+                "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {}", quote(s)))),
                 "cpu" => Ok(Err("nprocPerNode is \"cpu\": not a GPU job".to_string())),
                 n => match n.parse::<u64>() {
                     Ok(n) if n > 0 => Ok(Ok(n)),
                     _ => Err(DeriveError::invalid(
                         "spec.nprocPerNode",
-                        format!("{s:?} is not auto, cpu, gpu or a positive integer"),
+                        format!("{} is not auto, cpu, gpu or a positive integer", quote(s)),
                     )),
                 },
             }
@@ -348,7 +348,8 @@ fn model_of(
     if let Some(name) = annotations.get(annotations::MODEL) {
         return Ok(catalog.model(name.trim()).cloned().ok_or_else(|| {
             format!(
-                "model: unknown preset {name:?} in annotation {}; known: {}",
+                "model: unknown preset {} in annotation {}; known: {}",
+                quote(name),
                 annotations::MODEL,
                 catalog.model_names().join(", ")
             )

@@ -14,8 +14,9 @@ use crate::layout::Schedule;
 /// Micro-batch groups (of `pp` micro-batches) in one extrapolation step: a multiple of every
 /// steady-state cyclicity up to 4 (the shortcut's `MAX_CYCLICITY`) and of 6.
 const GROUPS_PER_STEP: usize = 12;
-/// Steps of warm-up simulated before the three measured runs, at most.
-const WARMUP_STEPS: usize = 16;
+/// Steps of warm-up simulated before the three measured runs: a few first (a 1F1B-family
+/// warm-up is shorter than one step unless vpp >= 12), more when the differences disagree.
+const WARMUP_STEPS: [usize; 2] = [3, 12];
 /// Relative disagreement between the two measured differences still taken as equal.
 const TOLERANCE: f64 = 1e-9;
 
@@ -44,15 +45,40 @@ impl Simulator {
         let too_large = ScheduleError::TooLarge { pp, vpp, m };
         let nvs = pp * vpp;
         let step = GROUPS_PER_STEP * pp;
-        // Most micro-batches one run may simulate, and the first run's count.
+        // Most micro-batches one run may simulate.
         let most = (self.budget() / (2 * nvs as u64)) as usize;
         let room = most.checked_sub(2 * step).ok_or(too_large.clone())?;
         let rest = m % step;
-        let steps = (room.saturating_sub(rest) / step).min(WARMUP_STEPS);
-        if steps == 0 || m < rest + (steps + 2) * step {
-            return Err(too_large);
+        let fit = room.saturating_sub(rest) / step;
+        for warmup in WARMUP_STEPS {
+            let steps = warmup.min(fit);
+            if steps == 0 || m < rest + (steps + 2) * step {
+                break;
+            }
+            if let Some(summary) =
+                self.extrapolate_from(schedule, c, (pp, vpp), m, rest + steps * step)?
+            {
+                return Ok(summary);
+            }
+            if steps == fit {
+                break;
+            }
         }
-        let m1 = rest + steps * step;
+        Err(too_large)
+    }
+
+    /// [`Simulator::extrapolate`] from runs at `m1`, `m1 + P`, `m1 + 2P`; `None` when their
+    /// differences disagree (no steady state yet).
+    fn extrapolate_from(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        (pp, vpp): (usize, usize),
+        m: usize,
+        m1: usize,
+    ) -> Result<Option<ScheduleSummary>, ScheduleError> {
+        let nvs = pp * vpp;
+        let step = GROUPS_PER_STEP * pp;
         let mut runs = Vec::with_capacity(3);
         for k in 0..3 {
             self.simulate_exact(schedule, c, (pp, vpp), m1 + k * step, false)?;
@@ -65,7 +91,7 @@ impl Simulator {
         for ((a, b), c3) in runs[0].iter().zip(&runs[1]).zip(&runs[2]) {
             let (d1, d2) = (b - a, c3 - b);
             if !(d1 - d2).abs().le(&tol) {
-                return Err(too_large);
+                return Ok(None);
             }
             at_m.push(a + steps_to_m * (c3 - a) / 2.0);
         }
@@ -86,6 +112,6 @@ impl Simulator {
         // Waits are now in the ranks, not computed from the (shorter) cached plan.
         self.planned = false;
         self.filled = (2 * nvs).saturating_mul(m - (m1 + 2 * step));
-        Ok(self.summarize())
+        Ok(Some(self.summarize()))
     }
 }
