@@ -45,7 +45,11 @@ fn refused(name: &str, out: &Output, field: &str, expect: &str) {
         "{name}: the line names {field}: {err}"
     );
     assert!(err.contains(expect), "{name}: {expect:?} in {err}");
-    assert!(err.len() < 1000, "{name}: a short line, got {} bytes", err.len());
+    assert!(
+        err.len() < 1000,
+        "{name}: a short line, got {} bytes",
+        err.len()
+    );
 }
 
 #[test]
@@ -54,7 +58,10 @@ fn the_eleven_hostile_plans_of_the_issue_exit_2_naming_the_field() {
     let card_2e9 = "model: {card: {layers: 2000000000, hiddenSize: 4096, ffnHiddenSize: 14336, attentionHeads: 32, kvHeads: 8, vocabSize: 128256, activation: swiglu, norm: rmsnorm}}\ncluster: {gpu: h100-sxm, gpus: 8}\n";
     let ep_3000 = format!(
         "model: {{preset: mixtral-8x7b}}\ncluster: {{gpu: h100-sxm, gpus: 8}}\n{TRAINING}tuning: {{allowed: {{ep: [{}]}}}}\n",
-        (1..=3000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+        (1..=3000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let gbs = |n: u64, layout: &str| {
         format!("{BASE}training: {{seqLength: 4096, globalBatchSize: {n}}}\n{layout}")
@@ -230,5 +237,8 @@ fn plans_at_the_bounds_still_project_within_the_caps() {
     );
     let s: serde_json::Value = serde_json::from_slice(&small.stdout).unwrap();
     let small_tps = s["tokensPerSecondPerGpu"].as_f64().unwrap();
-    assert!(tps.is_finite() && tps >= small_tps * 0.999, "{tps} vs {small_tps}");
+    assert!(
+        tps.is_finite() && tps >= small_tps * 0.999,
+        "{tps} vs {small_tps}"
+    );
 }

@@ -5,7 +5,8 @@
 //! In order: the oracle's fields through the oracle's parser ([`PlanSpec::resolve`]: every
 //! size, count and length within [`primus_oracle::bounds`], presets and profiles, the cluster
 //! in whole nodes, the training settings, the tuning settings); the reference layout's
-//! legality ([`Layout::check`], products in checked arithmetic); the tuner's search space
+//! legality ([`Layout::check`], products in checked arithmetic) and time projection (what only
+//! the projection finds: a pipeline schedule too large to simulate); the tuner's search space
 //! ([`Space::new`]: pinned and allowed values agree, the space is not too large); who runs the
 //! searcher ([`Runner`]); then the operator's fields (benchmark, job, drift), each bounded by
 //! its table below and checked by its rules. The same tables are the CRD schema's bounds.
@@ -19,6 +20,7 @@ use primus_oracle::hardware::Vendor;
 use primus_oracle::layout::Layout;
 use primus_oracle::plan::{Plan, SearcherKind, check_spec_keys};
 use primus_oracle::profiles::Catalog;
+use primus_oracle::projection;
 use primus_oracle::report::Backend;
 use primus_oracle::tune::Space;
 
@@ -130,7 +132,10 @@ impl TrainingPlanSpec {
         }
         let plan = self.to_oracle()?.resolve(name, catalog)?;
         if let Some(l) = &plan.layout {
+            // The legality rules, then what only the projection finds (a pipeline schedule
+            // too large to simulate): the operator projects the reference layout.
             l.check(&plan.scenario).map_err(FieldError::from)?;
+            projection::step_time(&plan.scenario, l).map_err(FieldError::from)?;
         }
         if plan.tuning.searcher != SearcherKind::None {
             Space::new(&plan.scenario, &plan.tuning, plan.layout.as_ref())?;

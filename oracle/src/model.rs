@@ -600,16 +600,16 @@ impl ModelCard {
     /// the card (e.g. `spec.model.card`).
     pub fn validate(&self, at: &str) -> Result<(), FieldError> {
         bounds::check(self, at)?;
-        if let Some(kv) = self.kv_heads {
-            if !self.attention_heads.is_multiple_of(kv) {
-                return Err(FieldError::new(
-                    format!("{at}.kvHeads"),
-                    format!(
-                        "{kv} does not divide attentionHeads {}",
-                        self.attention_heads
-                    ),
-                ));
-            }
+        if let Some(kv) = self.kv_heads
+            && !self.attention_heads.is_multiple_of(kv)
+        {
+            return Err(FieldError::new(
+                format!("{at}.kvHeads"),
+                format!(
+                    "{kv} does not divide attentionHeads {}",
+                    self.attention_heads
+                ),
+            ));
         }
         if self.head_dim.is_none()
             && self.mla.is_none()

@@ -522,7 +522,7 @@ pub fn annotation() -> BoxedStrategy<String> {
         )
         .prop_map(|v| v.to_string()),
         1 => depth().prop_map(|d| format!("{}{}", "[".repeat(d), "]".repeat(d))),
-        1 => depth().prop_map(|d| format!("{}", "{\"a\":".repeat(d))),
+        1 => depth().prop_map(|d| "{\"a\":".repeat(d)),
         1 => text(),
     ]
     .boxed()
