@@ -8,10 +8,13 @@
 //! a network.
 
 pub mod admission;
+pub mod ca_secret;
 pub mod client;
 pub mod gpu;
 pub mod metrics;
+pub mod pki;
 pub mod pytorchjob;
+pub mod rotation;
 pub mod server;
 pub mod suggest;
 pub mod tls;

@@ -457,7 +457,7 @@ pub fn tune(
             stats,
             Some((r, fits)),
             None,
-            headroom,
+            &filter,
             start.elapsed().as_secs_f64(),
         ));
     };
@@ -490,7 +490,7 @@ pub fn tune(
         outcome.stats,
         reference,
         outcome.agent,
-        headroom,
+        &filter,
         start.elapsed().as_secs_f64(),
     );
     result.timed_out = ctx.timed_out.load(AtomicOrdering::Relaxed);
