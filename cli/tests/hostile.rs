@@ -2,13 +2,17 @@
 //! address space (`ulimit -v`) and 10 s, as the issue tried them. Before the fix 7 of the 11
 //! aborted (a stack overflow, a pre-allocation of 3.7 TB, a 17 GB schedule, an `assert`, an
 //! allocation of 8 GB) or ran past 10 s; each must now exit 2 with one line naming the field.
-//! Plans at the bounds must still work, within the same caps.
+//! Plans at the bounds must still work, within the same caps. Generated hostile plans (the
+//! shared generator of `primus_tests::hostile::inputs`) run through `primus memory` and
+//! `primus project` under the same caps.
 
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
 use assert_cmd::cargo::CommandCargoExt;
+use primus_tests::hostile::{self, inputs};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 const BASE: &str = "model: {preset: llama3.1-8b}\ncluster: {gpu: h100-sxm, gpus: 8}\n";
 const TRAINING: &str = "training: {seqLength: 4096, globalBatchSize: 64}\n";
@@ -241,4 +245,61 @@ fn plans_at_the_bounds_still_project_within_the_caps() {
         tps.is_finite() && tps >= small_tps * 0.999,
         "{tps} vs {small_tps}"
     );
+}
+
+/// One generated plan through one command: exit 0 (an answer), 1 or 2 (one line `error: ...`),
+/// never a signal (an abort: stack overflow, allocation failure, the 10 s timeout) nor a panic
+/// (exit 101).
+fn answered_or_refused(out: &Output) -> Result<(), String> {
+    let err = String::from_utf8_lossy(&out.stderr);
+    match out.status.code() {
+        Some(0) => Ok(()),
+        Some(1 | 2) if err.lines().count() == 1 && err.starts_with("error: ") => {
+            if err.chars().count() > 4_000 {
+                Err(format!("a {}-character error line", err.chars().count()))
+            } else {
+                Ok(())
+            }
+        }
+        _ => Err(format!("{:?}: {}", out.status, hostile::short(&err))),
+    }
+}
+
+#[test]
+fn generated_hostile_plans_end_in_an_answer_or_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: hostile::cases(60),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let ran = std::cell::Cell::new(0u32);
+    let outcomes = std::cell::RefCell::new(std::collections::BTreeMap::<String, u32>::new());
+    let result = runner.run(&inputs::plan_spec(), |(spec, depth)| {
+        ran.set(ran.get() + 1);
+        let text = inputs::expand_deep(&spec, depth);
+        for args in [&["memory"][..], &["project", "-o", "json"][..]] {
+            let out = primus_capped(dir.path(), &text, args);
+            *outcomes
+                .borrow_mut()
+                .entry(format!("{} exit {:?}", args[0], out.status.code()))
+                .or_default() += 1;
+            answered_or_refused(&out).map_err(|e| {
+                TestCaseError::fail(format!(
+                    "primus {}: {e}: {}",
+                    args[0],
+                    hostile::short(&text)
+                ))
+            })?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    println!(
+        "hostile cases: {} CLI (primus memory and primus project, a capped process each)",
+        ran.get()
+    );
+    println!("CLI outcomes: {:?}", outcomes.borrow());
 }

@@ -5,7 +5,8 @@
 //! allocation budget, in a child process capped at 6 GiB of address space
 //! ([`primus_tests::hostile`]): it must end in a decision (Stalled naming a field, or a chosen
 //! layout) without panicking, overflowing its stack, allocating without bound or searching
-//! past its budget.
+//! past its budget. Hostile BenchmarkReports (genuine simulated ones with hostile values,
+//! absurd medians, thousands of measurements) go the same way as the plan's report.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -14,8 +15,11 @@ use std::time::{Duration, Instant};
 use primus_crds::TrainingPlanSpec;
 use primus_operator::choose;
 use primus_operator::decide::{self, Next};
+use primus_oracle::plan::Plan;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::report::BenchmarkResults;
 use primus_tests::hostile::{self, Budget, Cases, Counting, inputs};
+use proptest::strategy::Just;
 use serde_json::Value;
 
 #[global_allocator]
@@ -61,8 +65,14 @@ fn decide_path(catalog: &Catalog, spec: &Value, depth: usize) -> Result<(), Stri
             return Ok(());
         }
     };
+    decide_with(&plan, None)
+}
+
+/// A valid plan (and its report) through choose -> decide: a decision, a finite projection,
+/// within the search budget.
+fn decide_with(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<(), String> {
     let start = Instant::now();
-    let result = choose::choose_within(&plan, None, SEARCH);
+    let result = choose::choose_within(plan, report, SEARCH);
     let took = start.elapsed();
     if took > SEARCH + Duration::from_secs(30) {
         return Err(format!(
@@ -71,7 +81,11 @@ fn decide_path(catalog: &Catalog, spec: &Value, depth: usize) -> Result<(), Stri
     }
     match decide::chosen(result).next {
         Next::Go(c) => {
-            if !c.chosen.tokens_per_second_per_gpu.is_finite() {
+            let (tps, step) = (
+                c.chosen.tokens_per_second_per_gpu,
+                c.chosen.step_time_seconds,
+            );
+            if !(tps.is_finite() && tps > 0.0 && step.is_finite() && step > 0.0) {
                 return Err(format!("a non-finite projection: {:?}", c.chosen));
             }
             count("chosen");
@@ -102,5 +116,65 @@ fn operator_decide_path_cases() {
     });
     if let Ok(m) = OUTCOMES.lock() {
         println!("operator outcomes: {m:?}");
+    }
+}
+
+/// The plans the hostile reports are for (one with a reference layout and no search, one
+/// searched), with the genuine report of each: a simulated run on one node.
+fn report_bases(catalog: &Catalog) -> Vec<(Plan, Value)> {
+    [
+        r#"{"model": {"preset": "llama3.1-8b"}, "cluster": {"gpu": "h100-sxm", "gpus": 16},
+            "training": {"seqLength": 4096, "globalBatchSize": 64},
+            "parallelism": {"tp": 4, "pp": 2}, "tuning": {"searcher": "none"}}"#,
+        r#"{"model": {"preset": "mixtral-8x7b"}, "cluster": {"gpu": "h100-sxm", "gpus": 16},
+            "training": {"seqLength": 4096, "globalBatchSize": 64},
+            "parallelism": {"tp": 2, "ep": 8}, "tuning": {"searcher": "seed", "topK": 3}}"#,
+    ]
+    .iter()
+    .map(|text| {
+        let spec: TrainingPlanSpec = serde_json::from_str(text).expect("a base plan");
+        let plan = choose::validate(&spec, "hostile", catalog).expect("a valid base plan");
+        let report = primus_oracle::bench::simulate::simulate(&plan, Default::default());
+        let value = serde_json::to_value(&report).expect("a report serializes");
+        (plan, value)
+    })
+    .collect()
+}
+
+#[test]
+fn operator_reports_in_a_capped_child() {
+    hostile::in_capped_child("operator_report_cases", ADDRESS_SPACE);
+}
+
+#[test]
+fn operator_report_cases() {
+    if !hostile::is_child() {
+        return;
+    }
+    let catalog = Catalog::builtin().expect("built-in profiles");
+    let bases = report_bases(&catalog);
+    let plans: Arc<Vec<Plan>> = Arc::new(bases.iter().map(|(p, _)| p.clone()).collect());
+    let reports = proptest::strategy::Union::new(
+        bases
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, v))| (Just(i), inputs::report(v), inputs::depth())),
+    );
+    Cases {
+        entry: "operator decide path with a BenchmarkReport (decode, calibrate, choose_within, decide::chosen)",
+        cases: hostile::cases(200),
+        budget: BUDGET,
+    }
+    .run(reports, move |(i, report, depth)| {
+        // The controller decodes a report from the API server's JSON, object by object.
+        let text = inputs::expand_deep(&report, depth);
+        let Ok(report) = serde_json::from_str::<BenchmarkResults>(&text) else {
+            count("report undecodable");
+            return Ok(());
+        };
+        decide_with(&plans[i], Some(&report))
+    });
+    if let Ok(m) = OUTCOMES.lock() {
+        println!("operator report outcomes: {m:?}");
     }
 }

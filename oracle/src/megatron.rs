@@ -712,7 +712,7 @@ impl MegatronArgs {
                 None => Ok(OptimizerDtype::Fp32),
                 Some(None) => Err(FieldError::new(f, "needs a value")),
                 Some(Some(v)) => OptimizerDtype::parse(v).ok_or_else(|| {
-                    FieldError::new(f, format!("{v:?} is not fp32, bf16, fp16 or fp8"))
+                    FieldError::new(f, format!("{} is not fp32, bf16, fp16 or fp8", quote(v)))
                 }),
             }
         };
@@ -1218,6 +1218,10 @@ mod tests {
         // A value that is not a number or a dtype names its flag.
         let bad = MegatronArgs::parse(["--exp-avg-dtype", "int4"]);
         assert_eq!(bad.layout(&llama70()).unwrap_err().field, "--exp-avg-dtype");
+        // A hostile value is quoted cut short (the webhook's fuzz found the whole value echoed).
+        let long = "a".repeat(100_000);
+        let bad = MegatronArgs::parse(["--exp-avg-dtype", long.as_str()]);
+        assert!(bad.layout(&llama70()).unwrap_err().message.len() < 200);
         let bad = MegatronArgs::parse(["--hidden-dropout", "lots"]);
         assert_eq!(
             bad.layout(&llama70()).unwrap_err().field,

@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-pub mod hostile;
 pub mod deny_webhook;
+pub mod hostile;
 pub mod kubectl;
 pub mod node_agent;
 pub mod tools;

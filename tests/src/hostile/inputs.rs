@@ -88,6 +88,10 @@ pub fn float() -> BoxedStrategy<Value> {
             json!(f64::MIN_POSITIVE),
             json!(5e-324),
             json!("0.9"),
+            // Not numbers in JSON; as Megatron flag values they parse to NaN and infinities.
+            json!("nan"),
+            json!("inf"),
+            json!("-inf"),
             Value::Null,
         ]),
         (0.0f64..2.0).prop_map(|f| json!(f)),
@@ -302,6 +306,18 @@ pub const PLAN_FIELDS: &[(&str, Kind)] = &[
         "parallelism.recompute",
         Kind::Word(&["none", "selective", "full"]),
     ),
+    // The optimizer and activation memory options (issue 15).
+    ("parallelism.attentionDropout", Kind::Float),
+    ("parallelism.hiddenDropout", Kind::Float),
+    ("parallelism.precisionAwareOptimizer", Kind::Word(&["true"])),
+    (
+        "parallelism.expAvgDtype",
+        Kind::Word(&["fp32", "bf16", "fp16", "fp8"]),
+    ),
+    ("parallelism.mainGradsDtype", Kind::Word(&["fp32", "bf16"])),
+    ("parallelism.optimizerCpuOffload", Kind::Word(&["true"])),
+    ("parallelism.optimizerOffloadFraction", Kind::Float),
+    ("parallelism.activationOffloadLayers", Kind::Num),
     (
         "tuning.searcher",
         Kind::Word(&["exhaustive", "seed", "evolutionary", "agent", "none"]),
@@ -438,6 +454,11 @@ pub const FLAGS: &[(&str, Kind)] = &[
     ("--decoder-first-pipeline-num-layers", Kind::Num),
     ("--decoder-last-pipeline-num-layers", Kind::Num),
     ("--pipeline-model-parallel-layout", Kind::Layout),
+    ("--attention-dropout", Kind::Float),
+    ("--hidden-dropout", Kind::Float),
+    ("--exp-avg-dtype", Kind::Word(&["fp32", "bf16", "fp8"])),
+    ("--optimizer-offload-fraction", Kind::Float),
+    ("--cpu-offloading-num-layers", Kind::Num),
     ("--kv-channels", Kind::Num),
     ("--mtp-num-layers", Kind::Num),
     ("--kv-lora-rank", Kind::Num),
@@ -507,6 +528,9 @@ pub const LAYOUT_FIELDS: &[(&str, Kind)] = &[
     ("pipelineLayout", Kind::Layout),
     ("recomputeModules", Kind::Words),
     ("schedule", Kind::Word(&["interleaved", "zero-bubble"])),
+    ("hiddenDropout", Kind::Float),
+    ("optimizerOffloadFraction", Kind::Float),
+    ("activationOffloadLayers", Kind::Num),
 ];
 
 /// Annotation text: JSON of a hostile layout, card or training object, deep nesting, or
@@ -577,6 +601,116 @@ pub fn pytorchjob() -> BoxedStrategy<Value> {
                             "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}}
                 }
             })
+        })
+        .boxed()
+}
+
+/// Fields of a report's op measurement.
+pub const OP_FIELDS: &[(&str, Kind)] = &[
+    ("medianSeconds", Kind::Float),
+    ("flops", Kind::Float),
+    ("bytes", Kind::Float),
+    ("spread", Kind::Float),
+    ("runs", Kind::Num),
+    ("name", Kind::Str),
+    (
+        "kind",
+        Kind::Word(&["gemm", "grouped-gemm", "attention", "memory-bound"]),
+    ),
+    ("shape", Kind::List),
+    ("precision", Kind::Word(&["bf16", "fp8"])),
+];
+
+/// Fields of a report's collective measurement.
+pub const COLLECTIVE_FIELDS: &[(&str, Kind)] = &[
+    (
+        "op",
+        Kind::Word(&[
+            "all-reduce",
+            "reduce-scatter",
+            "all-gather",
+            "all-to-all",
+            "p2p",
+        ]),
+    ),
+    ("groupSize", Kind::Num),
+    ("bytes", Kind::Float),
+    ("medianSeconds", Kind::Float),
+    ("spread", Kind::Float),
+    ("busBandwidthGbps", Kind::Float),
+    ("runs", Kind::Num),
+];
+
+/// Fields of a report's results (`spec.results` of a BenchmarkReport).
+pub const REPORT_FIELDS: &[(&str, Kind)] = &[
+    ("backend", Kind::Word(&["simulate", "rocm", "cuda"])),
+    ("gpu", Kind::Word(&["h100-sxm", "mi300x"])),
+    ("gpuProduct", Kind::Str),
+    ("gpuCount", Kind::Num),
+    ("node", Kind::Str),
+    ("model", Kind::Str),
+    ("shapesKey", Kind::Str),
+    ("reducedAxes", Kind::Words),
+    ("peakMemoryBytes", Kind::Float),
+    ("targetLayout.tp", Kind::Num),
+    ("targetLayout.pipelineLayout", Kind::Layout),
+    ("measuredLayout.tp", Kind::Num),
+    ("measuredLayout.ep", Kind::Num),
+    ("measuredLayout.pipelineLayout", Kind::Layout),
+    ("ops", Kind::Deep),
+];
+
+/// One edit of one list item: (index, field, value).
+fn item_edits(
+    fields: &'static [(&'static str, Kind)],
+) -> BoxedStrategy<Vec<(usize, usize, Value)>> {
+    prop::collection::vec(
+        (any::<usize>(), 0..fields.len())
+            .prop_flat_map(move |(at, i)| (Just(at), Just(i), value(fields[i].1))),
+        0..4,
+    )
+    .boxed()
+}
+
+/// A benchmark report's results built from a genuine one (`base`, e.g. a simulated run of
+/// the plan): hostile values in its fields and in some of its measurements, every median
+/// scaled by an absurd factor, the measurement lists emptied or made thousands long.
+pub fn report(base: Value) -> BoxedStrategy<Value> {
+    let factors = vec![1.0, 1.0, 0.0, -1.0, 1e-300, 1e-12, 1e12, 1e300];
+    (
+        mutate(Just(base).boxed(), REPORT_FIELDS, 3),
+        item_edits(OP_FIELDS),
+        item_edits(COLLECTIVE_FIELDS),
+        proptest::sample::select(factors),
+        prop_oneof![6 => Just(1usize), 1 => Just(0usize), 1 => 2usize..20_000],
+    )
+        .prop_map(|(mut v, ops, collectives, factor, repeat)| {
+            for (key, edits, fields) in [
+                ("ops", ops, OP_FIELDS),
+                ("collectives", collectives, COLLECTIVE_FIELDS),
+            ] {
+                let Some(list) = v.get_mut(key).and_then(Value::as_array_mut) else {
+                    continue;
+                };
+                let n = list.len();
+                if n == 0 {
+                    continue;
+                }
+                for (at, i, x) in edits {
+                    set_path(&mut list[at % n], fields[i].0, x);
+                }
+                for m in list.iter_mut() {
+                    if let Some(s) = m["medianSeconds"].as_f64() {
+                        m["medianSeconds"] = json!(s * factor);
+                    }
+                }
+                // `repeat` measurements in all (the API server stores objects up to ~1.5 MB:
+                // some thousands of measurements).
+                let total = if repeat == 1 { n } else { repeat };
+                let one = list.clone();
+                *list = one.iter().cycle().take(total).cloned().collect();
+            }
+            v
         })
         .boxed()
 }
