@@ -20,7 +20,7 @@ use primus_oracle::bench::simulate::SimulatedDevice;
 use primus_oracle::calibrate::Calibration;
 use primus_oracle::hardware::Vendor;
 use primus_oracle::parse::parse_yaml_value;
-use primus_oracle::plan::{Plan, parse_plan};
+use primus_oracle::plan::Plan;
 use primus_oracle::report::{Backend, BenchmarkResults};
 
 use super::{CliError, Common, catalog};
@@ -322,7 +322,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
         let source = path.display().to_string();
-        let plan = parse_plan(&text, &source, &c)?;
+        let plan = super::plan_from_text(&text, &source, &c)?;
         let doc = parse_yaml_value(&text, &source)?;
         let spec = doc.get("spec").cloned().unwrap_or(doc);
         let backend = choose_backend(args, spec_backend(&spec)?, &plan);
@@ -348,7 +348,9 @@ fn from_cluster(args: &Args) -> Result<(), CliError> {
         let (ns, name) = super::kube::split_ref(reference, client.default_namespace(), "--plan")?;
         let object = super::kube::get_plan(&client, &ns, &name).await?;
         let c = catalog(&args.common)?;
-        let plan = object.spec.to_oracle()?.resolve(&name, &c)?;
+        let plan = object
+            .spec
+            .validate(&name, &c, primus_crds::Runner::Cluster)?;
         let from_spec = object.spec.benchmark.as_ref().and_then(|b| b.backend);
         let backend = choose_backend(args, from_spec, &plan);
         let results = measure(&plan, backend, &protocol(args), args.quiet)?;
@@ -509,6 +511,7 @@ async fn post_async(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use primus_oracle::plan::parse_plan;
     use primus_oracle::profiles::Catalog;
 
     fn plan(name: &str) -> Plan {

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use primus_crds::{Runner, TrainingPlanSpec};
 use primus_oracle::error::PlanError;
-use primus_oracle::plan::{Plan, load_plan};
+use primus_oracle::plan::{Plan, read_document};
 use primus_oracle::profiles::Catalog;
 
 pub mod agent;
@@ -87,11 +88,21 @@ pub fn catalog(common: &Common) -> Result<Catalog, CliError> {
     Ok(c)
 }
 
-/// Load and resolve a plan file.
+/// Load a plan file and check it with the validator the operator and the webhook share
+/// ([`TrainingPlanSpec::validate`]; the CLI runs the `agent` searcher itself).
 pub fn plan(common: &Common, path: &Path) -> Result<(Catalog, Plan), CliError> {
     let c = catalog(common)?;
-    let p = load_plan(path, &c)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+    let p = plan_from_text(&text, &path.display().to_string(), &c)?;
     Ok((c, p))
+}
+
+/// A plan document (YAML or JSON text), checked by the shared validator.
+pub fn plan_from_text(text: &str, source: &str, catalog: &Catalog) -> Result<Plan, CliError> {
+    let (spec, name) = read_document(text, source)?;
+    let spec = TrainingPlanSpec::from_json(spec)?;
+    Ok(spec.validate(&name, catalog, Runner::Cli)?)
 }
 
 /// Serialize to pretty JSON on stdout.

@@ -67,8 +67,9 @@ pub struct Args {
     /// Search strategy (default: the plan's `spec.tuning.searcher`, else exhaustive).
     #[arg(long, value_enum)]
     pub searcher: Option<SearcherArg>,
-    /// How many of the best layouts to report (default: `spec.tuning.topK`, else 5).
-    #[arg(long)]
+    /// How many of the best layouts to report (default: `spec.tuning.topK`, else 5; at most
+    /// 64, the bound of `spec.tuning.topK`).
+    #[arg(long, value_parser = top_k)]
     pub top: Option<usize>,
     /// No progress bar and no summary on stderr.
     #[arg(short, long)]
@@ -113,6 +114,15 @@ pub struct Args {
         value_parser = primus_runtime::flags::positive_seconds
     )]
     pub agent_timeout_seconds: Option<Duration>,
+}
+
+/// `--top`: 1 to the bound of `spec.tuning.topK`.
+fn top_k(s: &str) -> Result<usize, String> {
+    let most = primus_oracle::bounds::limits::TOP_K as usize;
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=most).contains(&n) => Ok(n),
+        _ => Err(format!("expected a number of layouts in 1..={most}")),
+    }
 }
 
 impl From<TuneError> for CliError {
@@ -420,6 +430,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         },
         top_k: args.top,
         progress: Some(&progress),
+        deadline: None,
     };
     let result = match searcher.as_mut() {
         Some(b) => tune(&p, Some(&mut **b), &opts),

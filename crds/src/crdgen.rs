@@ -23,6 +23,39 @@ fn strip_nullable(v: &mut Value) {
     }
 }
 
+/// Give every integer the range of its Rust type (`format: uint32` -> `maximum: 4294967295`,
+/// ...) where the type's bounds table did not set a tighter one, recursively: an object the
+/// API server accepts then always decodes in Rust (a `tp: 4294967296` would otherwise be
+/// stored and then fail every decode of the list).
+fn integer_ranges(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            let range: Option<(i64, u64)> = match map.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some((0, u8::MAX.into())),
+                Some("uint16") => Some((0, u16::MAX.into())),
+                Some("uint32") => Some((0, u32::MAX.into())),
+                // The API server keeps integers as int64.
+                Some("uint64" | "uint") => Some((0, i64::MAX as u64)),
+                Some("int8") => Some((i8::MIN.into(), i8::MAX as u64)),
+                Some("int16") => Some((i16::MIN.into(), i16::MAX as u64)),
+                Some("int32") => Some((i32::MIN.into(), i32::MAX as u64)),
+                _ => None,
+            };
+            if let Some((min, max)) = range
+                && map.get("type").and_then(Value::as_str) == Some("integer")
+            {
+                map.entry("minimum").or_insert(min.into());
+                map.entry("maximum").or_insert(max.into());
+            }
+            for child in map.values_mut() {
+                integer_ranges(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integer_ranges),
+        _ => {}
+    }
+}
+
 /// (file name, YAML text) of every CRD this crate defines.
 pub fn render() -> Result<Vec<(String, String)>, String> {
     let crds = [TrainingPlan::crd(), BenchmarkReport::crd()];
@@ -37,6 +70,7 @@ pub fn render() -> Result<Vec<(String, String)>, String> {
                 for version in versions {
                     if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
                         strip_nullable(schema);
+                        integer_ranges(schema);
                     }
                 }
             }

@@ -6,7 +6,9 @@
 //! The plan's architecture, cluster, training and layout fields are the oracle's own types
 //! (built with the oracle's `schema` feature), so the CRD, the CLI and the operator read one
 //! definition. [`TrainingPlanSpec::to_oracle`] converts at the edge, through the oracle's
-//! parser, so both paths apply the same rules and name fields the same way.
+//! parser, so both paths apply the same rules and name fields the same way, and
+//! [`TrainingPlanSpec::validate`] ([`validate`]) is the one validator the webhook, the
+//! operator and the CLI call.
 
 pub mod annotations;
 pub mod benchmark_report;
@@ -14,6 +16,7 @@ pub mod crdgen;
 pub mod provenance;
 pub mod pytorchjob;
 pub mod training_plan;
+pub mod validate;
 
 pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
 pub use pytorchjob::PyTorchJob;
@@ -22,6 +25,7 @@ pub use training_plan::{
     MeasuredThroughput, Phase, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
     TrainingPlanStatus,
 };
+pub use validate::Runner;
 
 /// API group of every kind here.
 pub const GROUP: &str = "primus.dev";

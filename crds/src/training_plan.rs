@@ -60,9 +60,16 @@ pub struct TrainingPlanSpec {
 
 impl TrainingPlanSpec {
     /// The oracle's view of this spec, through the oracle's own parser (same rules, same
-    /// field names as `primus tune -f plan.yaml`).
+    /// field names as `primus tune -f plan.yaml`). The operator's fields (benchmark, job,
+    /// drift) are left out: the oracle does not read them, and the job template is free-form.
     pub fn to_oracle(&self) -> Result<PlanSpec, FieldError> {
-        let value = serde_json::to_value(self)
+        let oracle_fields = TrainingPlanSpec {
+            benchmark: None,
+            job: None,
+            drift: None,
+            ..self.clone()
+        };
+        let value = serde_json::to_value(&oracle_fields)
             .map_err(|e| FieldError::new("spec", format!("cannot be serialized: {e}")))?;
         PlanSpec::from_json(value)
     }
@@ -70,6 +77,7 @@ impl TrainingPlanSpec {
 
 /// Single-node benchmark settings.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[schemars(transform = primus_oracle::bounds::schema::<BenchmarkSpec>)]
 #[serde(rename_all = "camelCase")]
 pub struct BenchmarkSpec {
     /// Run benchmark pods on one node of the plan's GPU kind before projecting.
@@ -103,6 +111,7 @@ pub struct BenchmarkSpec {
 
 /// The PyTorchJob the operator creates.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[schemars(transform = primus_oracle::bounds::schema::<JobSpec>)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpec {
     /// A kubeflow.org/v1 PyTorchJob (or just its `spec`) that the chosen layout is written into:
@@ -123,6 +132,7 @@ pub struct JobSpec {
 
 /// Projection drift settings.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[schemars(transform = primus_oracle::bounds::schema::<DriftSpec>)]
 #[serde(rename_all = "camelCase")]
 pub struct DriftSpec {
     /// Allowed |measured / projected - 1| before `DriftWithinTolerance` turns False (default 0.10).
@@ -135,6 +145,7 @@ pub struct DriftSpec {
 
 /// A Prometheus query that yields the job's measured tokens/s per GPU.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(transform = primus_oracle::bounds::schema::<PrometheusSource>)]
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusSource {
     /// Base URL of the Prometheus HTTP API, e.g. `http://prometheus.monitoring:9090`.

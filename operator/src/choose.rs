@@ -1,18 +1,17 @@
 //! The pure part of a pass: validate a plan's spec with the oracle's rules (and the operator's
 //! own fields), and choose its layout with the tuner. No API calls here; unit-tested.
 
-use primus_crds::pytorchjob;
-use primus_crds::{LayoutSummary, SearchSummary, TrainingPlanSpec};
+use primus_crds::{LayoutSummary, Runner, SearchSummary, TrainingPlanSpec};
 use primus_oracle::FieldError;
 use primus_oracle::calibrate::CalibratedTimer;
 use primus_oracle::compute::{AnalyticTimer, OpTimer};
 use primus_oracle::hardware::Vendor;
-use primus_oracle::layout::Layout;
 use primus_oracle::plan::{Plan, SearcherKind};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::{Backend, BenchmarkResults};
 use primus_oracle::tune::{self, Candidate, TuneOptions, TuneResult};
 use primus_oracle::units::GIB;
+use std::time::{Duration, Instant};
 
 /// Defaults of `spec.benchmark`.
 pub const DEFAULT_BENCH_TIMEOUT_SECONDS: u32 = 900;
@@ -20,15 +19,9 @@ pub const DEFAULT_BENCH_MAX_ATTEMPTS: u32 = 3;
 pub const DEFAULT_REUSE_WITHIN_HOURS: u32 = 168;
 /// Default of `spec.drift.tolerance`.
 pub const DEFAULT_DRIFT_TOLERANCE: f64 = 0.10;
-
-fn dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+/// Longest search of one plan: the tuner then reports the best layout found so far (a
+/// bounded plan's largest space takes well under this; a reconcile never searches forever).
+pub const SEARCH_BUDGET: Duration = Duration::from_secs(300);
 
 /// The benchmark backend of a plan: the spec's, else the operator's default, else the vendor's.
 pub fn bench_backend(spec: &TrainingPlanSpec, plan: &Plan, default: Option<Backend>) -> Backend {
@@ -42,102 +35,15 @@ pub fn bench_backend(spec: &TrainingPlanSpec, plan: &Plan, default: Option<Backe
         })
 }
 
-/// Validate a spec: the oracle's parser and rules (model, cluster, training, tuning, the
-/// reference layout's legality) and the operator's fields (benchmark, job, drift). The error
-/// names the field.
+/// Validate a spec with the one validator the webhook and the CLI share
+/// ([`TrainingPlanSpec::validate`]: bounds, the oracle's rules, the reference layout's
+/// legality, the tuner's space, the operator's fields). The error names the field.
 pub fn validate(
     spec: &TrainingPlanSpec,
     name: &str,
     catalog: &Catalog,
 ) -> Result<Plan, FieldError> {
-    let plan = spec.to_oracle()?.resolve(name, catalog)?;
-    if let Some(l) = &plan.layout {
-        l.check(&plan.scenario).map_err(FieldError::from)?;
-    }
-    if plan.tuning.searcher == SearcherKind::Agent {
-        return Err(FieldError::new(
-            "spec.tuning.searcher",
-            "the operator does not run the `agent` searcher (it needs an LLM endpoint); use exhaustive, seed or evolutionary, or run `primus tune` with the agent and give its result as spec.parallelism with searcher none",
-        ));
-    }
-    if let Some(b) = &spec.benchmark {
-        if b.timeout_seconds == Some(0) {
-            return Err(FieldError::new(
-                "spec.benchmark.timeoutSeconds",
-                "must be greater than 0",
-            ));
-        }
-        if b.max_attempts == Some(0) {
-            return Err(FieldError::new(
-                "spec.benchmark.maxAttempts",
-                "must be greater than 0",
-            ));
-        }
-        let vendor = plan.scenario.hardware.vendor;
-        match (b.backend, vendor) {
-            (Some(Backend::Rocm), Vendor::Nvidia) | (Some(Backend::Cuda), Vendor::Amd) => {
-                return Err(FieldError::new(
-                    "spec.benchmark.backend",
-                    format!(
-                        "{} cannot measure the plan's {} GPUs",
-                        if b.backend == Some(Backend::Rocm) {
-                            "rocm"
-                        } else {
-                            "cuda"
-                        },
-                        plan.scenario.hardware.product
-                    ),
-                ));
-            }
-            _ => {}
-        }
-    }
-    if let Some(d) = &spec.drift {
-        if let Some(t) = d.tolerance
-            && !(t.is_finite() && t >= 0.0)
-        {
-            return Err(FieldError::new(
-                "spec.drift.tolerance",
-                format!("must be a non-negative fraction, got {t}"),
-            ));
-        }
-        if let Some(p) = &d.prometheus {
-            if !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
-                return Err(FieldError::new(
-                    "spec.drift.prometheus.url",
-                    format!("{:?} is not an http(s) URL", p.url),
-                ));
-            }
-            if p.query.trim().is_empty() {
-                return Err(FieldError::new(
-                    "spec.drift.prometheus.query",
-                    "must not be empty",
-                ));
-            }
-        }
-    }
-    if let Some(j) = &spec.job {
-        if let Some(n) = &j.name
-            && !dns_label(n)
-        {
-            return Err(FieldError::new(
-                "spec.job.name",
-                format!(
-                    "{n:?} is not a valid object name (lower-case letters, digits and '-', at most 63)"
-                ),
-            ));
-        }
-        // The template's shape, checked now rather than after benchmarking and tuning.
-        pytorchjob::pytorchjob(
-            name,
-            None,
-            &plan.scenario,
-            &Layout::default(),
-            j.template.as_ref(),
-            &pytorchjob::JobOptions::default(),
-        )?;
-    }
-    Ok(plan)
+    spec.validate(name, catalog, Runner::Cluster)
 }
 
 /// The op timer of a plan: calibrated by its benchmark report when there is one and it can
@@ -215,11 +121,21 @@ fn no_layout_message(r: &TuneResult) -> String {
 }
 
 /// Choose the plan's layout: `spec.parallelism` as given with searcher `none`, else the
-/// tuner's best, scored with the (possibly calibrated) timer.
+/// tuner's best, scored with the (possibly calibrated) timer, within [`SEARCH_BUDGET`].
 pub fn choose(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<Choice, ChooseError> {
+    choose_within(plan, report, SEARCH_BUDGET)
+}
+
+/// [`choose`] with a search budget: at its end the tuner reports the best found so far.
+pub fn choose_within(
+    plan: &Plan,
+    report: Option<&BenchmarkResults>,
+    budget: Duration,
+) -> Result<Choice, ChooseError> {
     let (timer, calibrated) = timer_for(plan, report);
     let opts = TuneOptions {
         timer: timer.as_ref(),
+        deadline: Instant::now().checked_add(budget),
         ..TuneOptions::default()
     };
     let result = if plan.tuning.searcher == SearcherKind::None {
@@ -246,6 +162,9 @@ pub fn choose(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<Choice, 
             m.usable_bytes * plan.tuning.memory_headroom / GIB,
             plan.tuning.memory_headroom
         )));
+    }
+    if result.timed_out {
+        tracing::warn!(plan = %plan.name, budget = ?budget, "the search ran out of time: the best layout found so far is chosen");
     }
     let Some(best) = &result.best else {
         return Err(ChooseError::NoFeasibleLayout(no_layout_message(&result)));

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, Bound, Bounded, Seen, limits};
 use crate::error::FieldError;
 use crate::precision::Precision;
 use crate::units::{GB, GIB, MICROSECOND, TERA};
@@ -54,6 +55,7 @@ impl Link {
 /// How Kubernetes exposes this GPU kind on a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<KubernetesNames>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubernetesNames {
     /// Extended resource name: `amd.com/gpu` or `nvidia.com/gpu`.
@@ -154,6 +156,7 @@ impl Efficiency {
 /// One GPU kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<HardwareProfile>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HardwareProfile {
     /// Profile name, e.g. `mi300x`, `h100-sxm`.
@@ -185,6 +188,51 @@ pub struct HardwareProfile {
     pub efficiency: Efficiency,
 }
 
+/// How Kubernetes names the GPU, bounded.
+impl Bounded for KubernetesNames {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("resource", limits::NAME, |k| (&k.resource).into()),
+        Bound::text("productLabel", limits::NAME, |k| (&k.product_label).into()),
+        Bound::items("productValues", limits::LIST, |k| {
+            Seen::Items(k.product_values.len())
+        }),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        for (i, v) in self.product_values.iter().enumerate() {
+            bounds::check_one(
+                &format!("productValues[{i}]"),
+                bounds::Limit::Text {
+                    max: limits::NAME,
+                    pattern: None,
+                },
+                v.into(),
+                at,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The profile's counts and names, bounded (its rates are checked by
+/// [`HardwareProfile::validate`]).
+impl Bounded for HardwareProfile {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("name", limits::NAME, |h| (&h.name).into()),
+        Bound::text("product", limits::NAME, |h| (&h.product).into()),
+        Bound::int("gpusPerNode", 1, limits::AXIS, |h| h.gpus_per_node.into()),
+        Bound::int("scaleUpDomain", 1, limits::GPUS, |h| {
+            h.scale_up_domain.into()
+        }),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        bounds::check(&self.kubernetes, &bounds::path(at, "kubernetes"))
+    }
+}
+
 impl HardwareProfile {
     /// HBM capacity in bytes.
     pub fn capacity_bytes(&self) -> f64 {
@@ -209,8 +257,10 @@ impl HardwareProfile {
         }
     }
 
-    /// Check the profile's own consistency; `at` is its path in the input.
+    /// Check the profile: its bounds ([`Bounded`]), then its own consistency; `at` is its path
+    /// in the input.
     pub fn validate(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check(self, at)?;
         let positive = |name: &str, v: f64| -> Result<(), FieldError> {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -252,13 +302,7 @@ impl HardwareProfile {
                 "must be a fraction in [0, 1)",
             ));
         }
-        if self.gpus_per_node == 0 {
-            return Err(FieldError::new(
-                format!("{at}.gpusPerNode"),
-                "must be greater than 0",
-            ));
-        }
-        if self.scale_up_domain == 0 || !self.scale_up_domain.is_multiple_of(self.gpus_per_node) {
+        if !self.scale_up_domain.is_multiple_of(self.gpus_per_node) {
             return Err(FieldError::new(
                 format!("{at}.scaleUpDomain"),
                 format!(

@@ -4,6 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, Bound, Bounded, Seen, limits, patterns};
+use crate::error::FieldError;
+
 mod memory_options;
 mod pipeline;
 mod recompute;
@@ -84,6 +87,7 @@ fn yes() -> bool {
 /// One parallel layout: the axes the tuner searches.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<Layout>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Layout {
     /// Tensor-parallel size.
@@ -272,31 +276,83 @@ impl Default for Layout {
     }
 }
 
+/// The layout's sizes, bounded (one row per field). Products of sizes are bounded by the
+/// legality rules ([`Layout::check`]), in checked arithmetic.
+impl Bounded for Layout {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::int("tp", 1, limits::AXIS, |l| l.tp.into()),
+        Bound::int("pp", 1, limits::AXIS, |l| l.pp.into()),
+        Bound::int("vpp", 1, limits::AXIS, |l| l.vpp.into()),
+        Bound::int("cp", 1, limits::AXIS, |l| l.cp.into()),
+        Bound::int("ep", 1, limits::AXIS, |l| l.ep.into()),
+        Bound::int("etp", 1, limits::AXIS, |l| l.etp.into()),
+        Bound::int("microBatchSize", 1, limits::AXIS, |l| {
+            l.micro_batch_size.into()
+        }),
+        Bound::int("recomputeLayers", 0, limits::LAYERS, |l| {
+            l.recompute_layers.into()
+        }),
+        Bound::items("recomputeModules", limits::MODULES, |l| {
+            l.recompute_modules
+                .as_ref()
+                .map_or(Seen::Absent, |m| Seen::Items(m.len()))
+        }),
+        Bound::int("firstStageLayers", 0, limits::LAYERS, |l| {
+            l.first_stage_layers.into()
+        }),
+        Bound::int("lastStageLayers", 0, limits::LAYERS, |l| {
+            l.last_stage_layers.into()
+        }),
+        Bound::int("activationOffloadLayers", 0, limits::LAYERS, |l| {
+            l.activation_offload_layers.into()
+        }),
+        Bound::matching(
+            "pipelineLayout",
+            limits::LAYOUT_TEXT,
+            patterns::LAYOUT_SYMBOLS,
+            |l| {
+                l.pipeline_layout
+                    .as_ref()
+                    .map_or(Seen::Absent, |p| Seen::Text(p.as_str()))
+            },
+        ),
+    ];
+
+    /// The pipeline layout's syntax (the parser's message says where it fails; the row's
+    /// pattern is the API server's coarser check), then the rows.
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        if let Some(e) = self.pipeline_layout.as_ref().and_then(|p| p.error()) {
+            return Err(FieldError::new(bounds::path(at, "pipelineLayout"), e));
+        }
+        bounds::check_rows(self, at, Self::BOUNDS)
+    }
+}
+
 impl Layout {
-    /// GPUs in one model replica's TP x PP x CP grid.
-    pub fn model_parallel_size(&self) -> u32 {
-        self.tp * self.pp * self.cp
+    /// GPUs in one model replica's TP x PP x CP grid (u64: never wraps).
+    pub fn model_parallel_size(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.cp)
     }
 
     /// Data-parallel size for `gpus` GPUs (None when it does not divide).
     pub fn dp(&self, gpus: u32) -> Option<u32> {
         let mp = self.model_parallel_size();
-        if mp == 0 || !gpus.is_multiple_of(mp) {
+        if mp == 0 || !u64::from(gpus).is_multiple_of(mp) {
             None
         } else {
-            Some(gpus / mp)
+            u32::try_from(u64::from(gpus) / mp).ok()
         }
     }
 
     /// Expert data-parallel size: GPUs of one PP stage divided by the expert grid EP x ETP
     /// (MoE parallel folding: the attention grid TP x CP x DP is re-folded as ETP x EP x EDP).
     pub fn expert_dp(&self, gpus: u32) -> Option<u32> {
-        let per_stage = gpus / self.pp.max(1);
-        let grid = self.ep * self.etp;
+        let per_stage = u64::from(gpus / self.pp.max(1));
+        let grid = u64::from(self.ep) * u64::from(self.etp);
         if grid == 0 || !per_stage.is_multiple_of(grid) {
             None
         } else {
-            Some(per_stage / grid)
+            u32::try_from(per_stage / grid).ok()
         }
     }
 

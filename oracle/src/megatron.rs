@@ -7,11 +7,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::bounds::limits;
 use crate::error::FieldError;
 use crate::layout::{
     Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute, RecomputeModule, Schedule,
 };
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
+use crate::parse::quote;
 use crate::precision::Precision;
 use crate::scenario::{Scenario, Training};
 
@@ -405,6 +407,45 @@ pub fn model_args(m: &ModelCard) -> Vec<String> {
     a
 }
 
+/// Numeric flags and their largest values (the bounds of the card, layout and training fields
+/// they set, [`crate::bounds::limits`]), checked before the flags become a model, a layout
+/// and training settings, so a message names the flag.
+pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
+    (flag::NUM_LAYERS, limits::LAYERS),
+    (flag::HIDDEN, limits::HIDDEN),
+    (flag::FFN_HIDDEN, limits::FFN),
+    (flag::HEADS, limits::HEADS),
+    (flag::QUERY_GROUPS, limits::HEADS),
+    (flag::KV_CHANNELS, limits::HIDDEN),
+    (flag::VOCAB, limits::VOCAB),
+    (flag::VOCAB_ALT, limits::VOCAB),
+    (flag::NUM_EXPERTS, limits::EXPERTS),
+    (flag::MOE_TOPK, limits::EXPERTS),
+    (flag::MOE_FFN_HIDDEN, limits::FFN),
+    (flag::MOE_SHARED_FFN, limits::FFN),
+    (flag::MOE_FIRST_DENSE, limits::LAYERS),
+    (flag::Q_LORA, limits::HIDDEN),
+    (flag::KV_LORA, limits::HIDDEN),
+    (flag::QK_HEAD_DIM, limits::HIDDEN),
+    (flag::QK_POS_HEAD_DIM, limits::HIDDEN),
+    (flag::V_HEAD_DIM, limits::HIDDEN),
+    (flag::MTP_LAYERS, limits::MTP_LAYERS),
+    (flag::SEQ, limits::SEQ),
+    (flag::GBS, limits::GLOBAL_BATCH),
+    (flag::MBS, limits::AXIS),
+    (flag::TP, limits::AXIS),
+    (flag::PP, limits::AXIS),
+    (flag::CP, limits::AXIS),
+    (flag::EP, limits::AXIS),
+    (flag::ETP, limits::AXIS),
+    (flag::VPP_SIZE, limits::AXIS),
+    (flag::VPP_LAYERS, limits::LAYERS),
+    (flag::RECOMPUTE_NUM_LAYERS, limits::LAYERS),
+    (flag::FIRST_STAGE_LAYERS, limits::LAYERS),
+    (flag::LAST_STAGE_LAYERS, limits::LAYERS),
+    (flag::CPU_OFFLOADING_NUM_LAYERS, limits::LAYERS),
+];
+
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
 const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES];
 
@@ -507,6 +548,30 @@ impl MegatronArgs {
         MegatronArgs { values }
     }
 
+    /// The numeric flags within their bounds ([`BOUNDED_FLAGS`]); the error names the flag.
+    pub fn check_bounds(&self) -> Result<(), FieldError> {
+        for &(f, max) in BOUNDED_FLAGS {
+            if let Some(v) = self.get(f)
+                && let Ok(n) = v.trim().parse::<u128>()
+                && n > u128::from(max)
+            {
+                return Err(FieldError::new(
+                    f,
+                    format!("{n} is beyond any real job (at most {max})"),
+                ));
+            }
+        }
+        if let Some(l) = self.get(flag::PIPELINE_LAYOUT)
+            && l.chars().nth(limits::LAYOUT_TEXT as usize).is_some()
+        {
+            return Err(FieldError::new(
+                flag::PIPELINE_LAYOUT,
+                format!("is longer than {} characters", limits::LAYOUT_TEXT),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether a flag (switch or valued) is present.
     pub fn has(&self, f: &str) -> bool {
         self.values.contains_key(f)
@@ -529,7 +594,7 @@ impl MegatronArgs {
             Some(Some(v)) => v
                 .parse::<T>()
                 .map(Some)
-                .map_err(|_| FieldError::new(f, format!("{v:?} is not a valid number"))),
+                .map_err(|_| FieldError::new(f, format!("{} is not a valid number", quote(v)))),
         }
     }
 
@@ -600,7 +665,7 @@ impl MegatronArgs {
             Some(other) => {
                 return Err(FieldError::new(
                     flag::RECOMPUTE_GRANULARITY,
-                    format!("{other:?} is not full or selective"),
+                    format!("{} is not full or selective", quote(other)),
                 ));
             }
         };
@@ -615,7 +680,8 @@ impl MegatronArgs {
                         FieldError::new(
                             flag::RECOMPUTE_MODULES,
                             format!(
-                                "{w:?} is not a recompute module ({})",
+                                "{} is not a recompute module ({})",
+                                quote(w),
                                 RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
                             ),
                         )
@@ -646,7 +712,7 @@ impl MegatronArgs {
                 None => Ok(OptimizerDtype::Fp32),
                 Some(None) => Err(FieldError::new(f, "needs a value")),
                 Some(Some(v)) => OptimizerDtype::parse(v).ok_or_else(|| {
-                    FieldError::new(f, format!("{v:?} is not fp32, bf16, fp16 or fp8"))
+                    FieldError::new(f, format!("{} is not fp32, bf16, fp16 or fp8", quote(v)))
                 }),
             }
         };
@@ -1152,6 +1218,10 @@ mod tests {
         // A value that is not a number or a dtype names its flag.
         let bad = MegatronArgs::parse(["--exp-avg-dtype", "int4"]);
         assert_eq!(bad.layout(&llama70()).unwrap_err().field, "--exp-avg-dtype");
+        // A hostile value is quoted cut short (the webhook's fuzz found the whole value echoed).
+        let long = "a".repeat(100_000);
+        let bad = MegatronArgs::parse(["--exp-avg-dtype", long.as_str()]);
+        assert!(bad.layout(&llama70()).unwrap_err().message.len() < 200);
         let bad = MegatronArgs::parse(["--hidden-dropout", "lots"]);
         assert_eq!(
             bad.layout(&llama70()).unwrap_err().field,

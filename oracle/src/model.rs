@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, Bound, Bounded, limits};
 use crate::error::FieldError;
 
 /// MLP activation.
@@ -42,6 +43,7 @@ pub enum RouterKind {
 /// Mixture-of-experts settings. Absent for dense models.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<MoeConfig>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MoeConfig {
     /// Routed experts per MoE layer.
@@ -73,6 +75,7 @@ pub struct MoeConfig {
 /// Multi-head latent attention (DeepSeek-V2/V3). Absent for standard attention.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<MlaConfig>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MlaConfig {
     /// Rank of the query down-projection; absent when queries are not compressed.
@@ -91,6 +94,7 @@ pub struct MlaConfig {
 /// The architecture of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<ModelCard>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelCard {
     /// Preset name, e.g. `llama3.1-70b` (optional for inline cards).
@@ -149,6 +153,77 @@ pub struct ModelCard {
     /// Multi-token-prediction layers (DeepSeek-V3: 1); not counted in the headline size.
     #[serde(default)]
     pub mtp_layers: u32,
+}
+
+/// The card's sizes, bounded (one row per field; [`bounds`] checks them and writes them into
+/// the CRD schema).
+impl Bounded for ModelCard {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("name", limits::NAME, |m| (&m.name).into()),
+        Bound::int("layers", 1, limits::LAYERS, |m| m.layers.into()),
+        Bound::int("hiddenSize", 1, limits::HIDDEN, |m| m.hidden_size.into()),
+        Bound::int("ffnHiddenSize", 1, limits::FFN, |m| {
+            m.ffn_hidden_size.into()
+        }),
+        Bound::int("attentionHeads", 1, limits::HEADS, |m| {
+            m.attention_heads.into()
+        }),
+        Bound::int("kvHeads", 1, limits::HEADS, |m| m.kv_heads.into()),
+        Bound::int("headDim", 1, limits::HIDDEN, |m| m.head_dim.into()),
+        Bound::int("vocabSize", 1, limits::VOCAB, |m| m.vocab_size.into()),
+        Bound::int("positionEmbeddings", 0, limits::SEQ, |m| {
+            m.position_embeddings.into()
+        }),
+        Bound::int("slidingWindow", 1, limits::SEQ, |m| m.sliding_window.into()),
+        Bound::int("fullAttentionEvery", 1, limits::LAYERS, |m| {
+            m.full_attention_every.into()
+        }),
+        Bound::int("mtpLayers", 0, limits::MTP_LAYERS, |m| m.mtp_layers.into()),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        if let Some(moe) = &self.moe {
+            bounds::check(moe, &bounds::path(at, "moe"))?;
+        }
+        if let Some(mla) = &self.mla {
+            bounds::check(mla, &bounds::path(at, "mla"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Mixture-of-experts sizes, bounded.
+impl Bounded for MoeConfig {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::int("numExperts", 1, limits::EXPERTS, |m| m.num_experts.into()),
+        Bound::int("topK", 1, limits::EXPERTS, |m| m.top_k.into()),
+        Bound::int("moeFfnHiddenSize", 1, limits::FFN, |m| {
+            m.moe_ffn_hidden_size.into()
+        }),
+        Bound::int("sharedExperts", 0, limits::EXPERTS, |m| {
+            m.shared_experts.into()
+        }),
+        Bound::int("sharedExpertFfnHiddenSize", 1, limits::FFN, |m| {
+            m.shared_expert_ffn_hidden_size.into()
+        }),
+        Bound::int("denseLayers", 0, limits::LAYERS, |m| m.dense_layers.into()),
+    ];
+}
+
+/// Multi-latent attention sizes, bounded.
+impl Bounded for MlaConfig {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::int("qLoraRank", 1, limits::HIDDEN, |m| m.q_lora_rank.into()),
+        Bound::int("kvLoraRank", 1, limits::HIDDEN, |m| m.kv_lora_rank.into()),
+        Bound::int("qkNopeHeadDim", 1, limits::HIDDEN, |m| {
+            m.qk_nope_head_dim.into()
+        }),
+        Bound::int("qkRopeHeadDim", 1, limits::HIDDEN, |m| {
+            m.qk_rope_head_dim.into()
+        }),
+        Bound::int("vHeadDim", 1, limits::HIDDEN, |m| m.v_head_dim.into()),
+    ];
 }
 
 /// Whether a decoder layer has a dense MLP or a mixture-of-experts block.
@@ -521,38 +596,23 @@ impl ModelCard {
         self.active_params() - lookup
     }
 
-    /// Check the card's own consistency; `at` is the path of the card (e.g. `spec.model.card`).
+    /// Check the card: its bounds ([`Bounded`]), then its own consistency; `at` is the path of
+    /// the card (e.g. `spec.model.card`).
     pub fn validate(&self, at: &str) -> Result<(), FieldError> {
-        let pos = |name: &str, v: u64| -> Result<(), FieldError> {
-            if v == 0 {
-                Err(FieldError::new(
-                    format!("{at}.{name}"),
-                    "must be greater than 0",
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        pos("layers", self.layers as u64)?;
-        pos("hiddenSize", self.hidden_size)?;
-        pos("ffnHiddenSize", self.ffn_hidden_size)?;
-        pos("attentionHeads", self.attention_heads as u64)?;
-        pos("vocabSize", self.vocab_size)?;
-        if let Some(kv) = self.kv_heads {
-            pos("kvHeads", kv as u64)?;
-            if !self.attention_heads.is_multiple_of(kv) {
-                return Err(FieldError::new(
-                    format!("{at}.kvHeads"),
-                    format!(
-                        "{kv} does not divide attentionHeads {}",
-                        self.attention_heads
-                    ),
-                ));
-            }
+        bounds::check(self, at)?;
+        if let Some(kv) = self.kv_heads
+            && !self.attention_heads.is_multiple_of(kv)
+        {
+            return Err(FieldError::new(
+                format!("{at}.kvHeads"),
+                format!(
+                    "{kv} does not divide attentionHeads {}",
+                    self.attention_heads
+                ),
+            ));
         }
-        if let Some(d) = self.head_dim {
-            pos("headDim", d)?;
-        } else if self.mla.is_none()
+        if self.head_dim.is_none()
+            && self.mla.is_none()
             && !self.hidden_size.is_multiple_of(self.attention_heads as u64)
         {
             return Err(FieldError::new(
@@ -564,9 +624,6 @@ impl ModelCard {
             ));
         }
         if let Some(m) = &self.moe {
-            pos("moe.numExperts", m.num_experts as u64)?;
-            pos("moe.topK", m.top_k as u64)?;
-            pos("moe.moeFfnHiddenSize", m.moe_ffn_hidden_size)?;
             if m.top_k > m.num_experts {
                 return Err(FieldError::new(
                     format!("{at}.moe.topK"),
@@ -590,18 +647,6 @@ impl ModelCard {
                     "must be a positive number (omit it for dropless routing)",
                 ));
             }
-        }
-        if let Some(m) = &self.mla {
-            pos("mla.kvLoraRank", m.kv_lora_rank)?;
-            pos("mla.qkNopeHeadDim", m.qk_nope_head_dim)?;
-            pos("mla.qkRopeHeadDim", m.qk_rope_head_dim)?;
-            pos("mla.vHeadDim", m.v_head_dim)?;
-        }
-        if self.sliding_window == Some(0) {
-            return Err(FieldError::new(
-                format!("{at}.slidingWindow"),
-                "must be greater than 0 (omit it for full attention)",
-            ));
         }
         Ok(())
     }

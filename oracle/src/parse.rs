@@ -9,7 +9,7 @@ use crate::error::{FieldError, PlanError};
 pub fn parse_yaml_value(text: &str, source_name: &str) -> Result<serde_json::Value, PlanError> {
     serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| PlanError::Syntax {
         source_name: source_name.to_string(),
-        message: e.to_string().lines().next().unwrap_or_default().to_string(),
+        message: one_line(e.to_string().lines().next().unwrap_or_default()),
     })
 }
 
@@ -28,6 +28,32 @@ pub fn from_value_at<T: serde::de::DeserializeOwned>(
         } else {
             format!("{prefix}.{path}")
         };
-        FieldError::new(field, e.into_inner().to_string())
+        FieldError::new(field, one_line(&e.into_inner().to_string()))
     })
+}
+
+/// Most characters of an input value quoted in a message ([`quote`]).
+const QUOTED_CHARS: usize = 64;
+
+/// `value` quoted for a message (`"..."`, escapes as `{:?}`), cut after 64 characters.
+pub fn quote(value: &str) -> String {
+    if value.chars().nth(QUOTED_CHARS).is_none() {
+        return format!("{value:?}");
+    }
+    let cut: String = value.chars().take(QUOTED_CHARS).collect();
+    format!("{cut:?}... ({} characters)", value.chars().count())
+}
+
+/// Most characters of a message that quotes the input (serde's `unknown variant `...``).
+const MESSAGE_CHARS: usize = 500;
+
+/// A message on one line and at most [`MESSAGE_CHARS`] characters: errors quote what they
+/// reject, and a rejected value may be 100,000 characters or hold newlines.
+pub fn one_line(message: &str) -> String {
+    let flat = message.replace(['\n', '\r'], " ");
+    if flat.chars().nth(MESSAGE_CHARS).is_none() {
+        return flat;
+    }
+    let cut: String = flat.chars().take(MESSAGE_CHARS).collect();
+    format!("{cut}...")
 }

@@ -9,17 +9,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, Bound, Bounded, Seen, limits, patterns};
 use crate::error::{FieldError, PlanError};
 use crate::hardware::HardwareProfile;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::ModelCard;
-use crate::parse::{from_value_at, parse_yaml_value};
+use crate::parse::{from_value_at, one_line, parse_yaml_value};
 use crate::profiles::Catalog;
 use crate::scenario::{Cluster, Scenario, Training};
 
 /// Which model: a preset name or an inline card (exactly one).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<ModelRef>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelRef {
     /// Name of a model card in `profiles/models`, e.g. `llama3.1-70b`.
@@ -33,6 +35,7 @@ pub struct ModelRef {
 /// The cluster the job runs on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<ClusterSpec>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
     /// Hardware profile name, e.g. `mi300x` (see `primus profiles`).
@@ -77,6 +80,7 @@ impl SearcherKind {
 /// Axes pinned to one value during a search (`spec.tuning.fixed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<FixedAxes>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FixedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +131,7 @@ pub struct FixedAxes {
 /// Value lists per axis (`spec.tuning.allowed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<AllowedAxes>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllowedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,9 +167,90 @@ pub struct AllowedAxes {
     pub schedule: Option<Vec<Schedule>>,
 }
 
+/// Pinned axes, bounded.
+impl Bounded for FixedAxes {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::int("tp", 1, limits::AXIS, |f| f.tp.into()),
+        Bound::int("pp", 1, limits::AXIS, |f| f.pp.into()),
+        Bound::int("vpp", 1, limits::AXIS, |f| f.vpp.into()),
+        Bound::int("cp", 1, limits::AXIS, |f| f.cp.into()),
+        Bound::int("ep", 1, limits::AXIS, |f| f.ep.into()),
+        Bound::int("etp", 1, limits::AXIS, |f| f.etp.into()),
+        Bound::int("microBatchSize", 1, limits::AXIS, |f| {
+            f.micro_batch_size.into()
+        }),
+        Bound::int("recomputeLayers", 0, limits::LAYERS, |f| {
+            f.recompute_layers.into()
+        }),
+        Bound::items("recomputeModules", limits::MODULES, |f| {
+            f.recompute_modules
+                .as_ref()
+                .map_or(Seen::Absent, |m| Seen::Items(m.len()))
+        }),
+    ];
+}
+
+fn ints(list: &Option<Vec<u32>>) -> Seen<'_> {
+    list.as_deref().map_or(Seen::Absent, Seen::Ints)
+}
+
+fn items<T>(list: &Option<Vec<T>>) -> Seen<'_> {
+    list.as_ref().map_or(Seen::Absent, |l| Seen::Items(l.len()))
+}
+
+/// Value lists, bounded: at most [`limits::LIST`] values each, every size in range.
+impl Bounded for AllowedAxes {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::ints("tp", limits::LIST, 1, limits::AXIS, |a| ints(&a.tp)),
+        Bound::ints("pp", limits::LIST, 1, limits::AXIS, |a| ints(&a.pp)),
+        Bound::ints("vpp", limits::LIST, 1, limits::AXIS, |a| ints(&a.vpp)),
+        Bound::ints("cp", limits::LIST, 1, limits::AXIS, |a| ints(&a.cp)),
+        Bound::ints("ep", limits::LIST, 1, limits::AXIS, |a| ints(&a.ep)),
+        Bound::ints("etp", limits::LIST, 1, limits::AXIS, |a| ints(&a.etp)),
+        Bound::ints("microBatchSize", limits::LIST, 1, limits::AXIS, |a| {
+            ints(&a.micro_batch_size)
+        }),
+        Bound::items("recompute", limits::LIST, |a| items(&a.recompute)),
+        Bound::items("recomputeModules", limits::LIST, |a| {
+            items(&a.recompute_modules)
+        }),
+        Bound::items("schedule", limits::LIST, |a| items(&a.schedule)),
+    ];
+
+    /// The rows, then: no list is empty, no module list is long.
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        for row in Self::BOUNDS {
+            let empty = match (row.get)(self) {
+                Seen::Ints(l) => l.is_empty(),
+                Seen::Items(n) => n == 0,
+                _ => false,
+            };
+            if empty {
+                return Err(FieldError::new(
+                    bounds::path(at, row.field),
+                    "must list at least one value (omit the axis to search all)",
+                ));
+            }
+        }
+        for (i, m) in self.recompute_modules.iter().flatten().enumerate() {
+            bounds::check_one(
+                &format!("recomputeModules[{i}]"),
+                bounds::Limit::Items {
+                    max: limits::MODULES,
+                },
+                Seen::Items(m.len()),
+                at,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// The LLM proposer's endpoint (OpenAI-compatible chat completions).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<AgentSpec>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentSpec {
     /// Base URL, e.g. `http://llm.internal:8000/v1`.
@@ -184,12 +270,30 @@ pub struct AgentSpec {
     pub timeout_seconds: Option<u32>,
 }
 
+/// The agent's settings, bounded.
+impl Bounded for AgentSpec {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::matching("endpoint", limits::URL, patterns::HTTP_URL, |a| {
+            a.endpoint.as_ref().into()
+        }),
+        Bound::text("model", limits::NAME, |a| a.model.as_ref().into()),
+        Bound::matching("apiKeyEnv", limits::NAME, patterns::ENV_NAME, |a| {
+            a.api_key_env.as_ref().into()
+        }),
+        Bound::int("rounds", 0, limits::ROUNDS, |a| a.rounds.into()),
+        Bound::int("timeoutSeconds", 0, limits::SECONDS, |a| {
+            a.timeout_seconds.into()
+        }),
+    ];
+}
+
 /// Default usable fraction of GPU memory for the tuner.
 pub const DEFAULT_MEMORY_HEADROOM: f64 = 0.92;
 
 /// `spec.tuning`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<Tuning>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Tuning {
     /// Search strategy.
@@ -210,6 +314,39 @@ pub struct Tuning {
     /// LLM proposer settings (searcher `agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSpec>,
+}
+
+/// The tuning settings, bounded: `topK` (each reported layout is a status entry) and the
+/// nested lists.
+impl Bounded for Tuning {
+    const BOUNDS: &'static [Bound<Self>] =
+        &[Bound::int("topK", 1, limits::TOP_K, |t| t.top_k.into())];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        bounds::check(&self.fixed, &bounds::path(at, "fixed"))?;
+        bounds::check(&self.allowed, &bounds::path(at, "allowed"))?;
+        if let Some(a) = &self.agent {
+            bounds::check(a, &bounds::path(at, "agent"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Which model, bounded (an inline card is checked by [`ModelCard::validate`]).
+impl Bounded for ModelRef {
+    const BOUNDS: &'static [Bound<Self>] = &[Bound::text("preset", limits::NAME, |m| {
+        m.preset.as_ref().into()
+    })];
+}
+
+/// The cluster, bounded (an inline profile is checked by [`HardwareProfile::validate`]).
+impl Bounded for ClusterSpec {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("gpu", limits::NAME, |c| c.gpu.as_ref().into()),
+        Bound::int("gpus", 1, limits::GPUS, |c| c.gpus.into()),
+        Bound::int("gpusPerNode", 1, limits::AXIS, |c| c.gpus_per_node.into()),
+    ];
 }
 
 fn default_headroom() -> f64 {
@@ -279,31 +416,24 @@ impl PlanSpec {
     /// Parse `spec` from a JSON value (the operator's path). Unknown keys other than the
     /// operator's own are rejected, naming the key.
     pub fn from_json(spec: serde_json::Value) -> Result<PlanSpec, FieldError> {
-        if let Some(obj) = spec.as_object() {
-            for key in obj.keys() {
-                let known = ["model", "cluster", "training", "parallelism", "tuning"]
-                    .contains(&key.as_str())
-                    || OPERATOR_SPEC_KEYS.contains(&key.as_str());
-                if !known {
-                    return Err(FieldError::new(
-                        format!("spec.{key}"),
-                        "unknown field (expected one of model, cluster, training, parallelism, tuning, benchmark, job, drift)",
-                    ));
-                }
-            }
-        } else {
-            return Err(FieldError::new("spec", "must be a mapping"));
-        }
+        check_spec_keys(&spec)?;
         from_value_at(spec, "spec")
     }
 
-    /// Resolve presets and defaults against a catalog and check every field. The layout's
-    /// legality against the scenario is checked separately ([`Layout::check`]).
+    /// Resolve presets and defaults against a catalog and check every field: each within its
+    /// bounds ([`crate::bounds`]), so nothing downstream sees an unbounded value, and each
+    /// field's own rules. The layout's legality against the scenario is checked separately
+    /// ([`Layout::check`]).
     pub fn resolve(&self, name: &str, catalog: &Catalog) -> Result<Plan, FieldError> {
+        bounds::check(&self.model, "spec.model")?;
+        bounds::check(&self.cluster, "spec.cluster")?;
         let model = self.resolve_model(catalog)?;
         let hardware = self.resolve_hardware(catalog)?;
         let cluster = self.resolve_cluster(&hardware)?;
-        self.check_training()?;
+        bounds::check(&self.training, "spec.training")?;
+        if let Some(l) = &self.parallelism {
+            bounds::check(l, "spec.parallelism")?;
+        }
         let tuning = self.resolve_tuning()?;
         Ok(Plan {
             name: name.to_string(),
@@ -375,19 +505,7 @@ impl PlanSpec {
     /// `spec.cluster.gpus` and `gpusPerNode` (default: the profile's), in whole nodes.
     fn resolve_cluster(&self, hardware: &HardwareProfile) -> Result<Cluster, FieldError> {
         let gpus = self.cluster.gpus;
-        if gpus == 0 {
-            return Err(FieldError::new(
-                "spec.cluster.gpus",
-                "must be greater than 0",
-            ));
-        }
         let gpus_per_node = self.cluster.gpus_per_node.unwrap_or(hardware.gpus_per_node);
-        if gpus_per_node == 0 {
-            return Err(FieldError::new(
-                "spec.cluster.gpusPerNode",
-                "must be greater than 0",
-            ));
-        }
         if gpus > gpus_per_node && !gpus.is_multiple_of(gpus_per_node) {
             return Err(FieldError::new(
                 "spec.cluster.gpus",
@@ -400,26 +518,10 @@ impl PlanSpec {
         })
     }
 
-    /// `spec.training`: positive sequence length and global batch.
-    fn check_training(&self) -> Result<(), FieldError> {
-        if self.training.seq_length == 0 {
-            return Err(FieldError::new(
-                "spec.training.seqLength",
-                "must be greater than 0",
-            ));
-        }
-        if self.training.global_batch_size == 0 {
-            return Err(FieldError::new(
-                "spec.training.globalBatchSize",
-                "must be greater than 0",
-            ));
-        }
-        Ok(())
-    }
-
     /// `spec.tuning` (default when absent), checked against `spec.parallelism`.
     fn resolve_tuning(&self) -> Result<Tuning, FieldError> {
         let tuning = self.tuning.clone().unwrap_or_default();
+        bounds::check(&tuning, "spec.tuning")?;
         if !(tuning.memory_headroom > 0.0 && tuning.memory_headroom <= 1.0) {
             return Err(FieldError::new(
                 "spec.tuning.memoryHeadroom",
@@ -427,12 +529,6 @@ impl PlanSpec {
                     "must be a fraction in (0, 1], got {}",
                     tuning.memory_headroom
                 ),
-            ));
-        }
-        if tuning.top_k == 0 {
-            return Err(FieldError::new(
-                "spec.tuning.topK",
-                "must be greater than 0",
             ));
         }
         if tuning.searcher == SearcherKind::None && self.parallelism.is_none() {
@@ -445,8 +541,39 @@ impl PlanSpec {
     }
 }
 
+/// `spec` is a mapping of known keys (the oracle's and the operator's); anything else is a
+/// typo, named.
+pub fn check_spec_keys(spec: &serde_json::Value) -> Result<(), FieldError> {
+    let Some(obj) = spec.as_object() else {
+        return Err(FieldError::new("spec", "must be a mapping"));
+    };
+    for key in obj.keys() {
+        let known = ["model", "cluster", "training", "parallelism", "tuning"]
+            .contains(&key.as_str())
+            || OPERATOR_SPEC_KEYS.contains(&key.as_str());
+        if !known {
+            return Err(FieldError::new(
+                format!("spec.{}", key.chars().take(64).collect::<String>()),
+                "unknown field (expected one of model, cluster, training, parallelism, tuning, benchmark, job, drift)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parse a whole TrainingPlan document (or a bare spec) from YAML text and resolve it.
 pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Plan, PlanError> {
+    let (spec, name) = read_document(text, source_name)?;
+    let spec = PlanSpec::from_json(spec)?;
+    Ok(spec.resolve(&name, catalog)?)
+}
+
+/// A TrainingPlan document (`apiVersion`, `kind`, `metadata.name`, `spec`) or a bare spec,
+/// from YAML text: its `spec` and its name (`metadata.name`, else the file stem).
+pub fn read_document(
+    text: &str,
+    source_name: &str,
+) -> Result<(serde_json::Value, String), PlanError> {
     let value = parse_yaml_value(text, source_name)?;
     let serde_json::Value::Object(mut doc) = value else {
         return Err(PlanError::Syntax {
@@ -460,7 +587,7 @@ pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Pl
         {
             return Err(PlanError::field(
                 "kind",
-                format!("expected TrainingPlan, got {kind}"),
+                one_line(&format!("expected TrainingPlan, got {kind}")),
             ));
         }
         if let Some(api) = doc.get("apiVersion")
@@ -468,7 +595,7 @@ pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Pl
         {
             return Err(PlanError::field(
                 "apiVersion",
-                format!("expected primus.dev/v1alpha1, got {api}"),
+                one_line(&format!("expected primus.dev/v1alpha1, got {api}")),
             ));
         }
         let name = doc
@@ -487,8 +614,7 @@ pub fn parse_plan(text: &str, source_name: &str, catalog: &Catalog) -> Result<Pl
             .unwrap_or("plan")
             .to_string()
     });
-    let spec = PlanSpec::from_json(spec)?;
-    Ok(spec.resolve(&name, catalog)?)
+    Ok((spec, name))
 }
 
 /// Read and parse a plan file.

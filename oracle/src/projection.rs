@@ -252,7 +252,7 @@ pub fn step_time_with(
     timer: &dyn OpTimer,
 ) -> Result<StepTime, LayoutError> {
     l.check(s)?;
-    Ok(WORKSPACE.with(|w| time_model(s, l, timer, &mut w.borrow_mut())))
+    WORKSPACE.with(|w| time_model(s, l, timer, &mut w.borrow_mut()))
 }
 
 /// A projection with every pass of its pipeline schedule, for timelines.
@@ -277,7 +277,7 @@ pub fn timeline(s: &Scenario, l: &Layout) -> Result<Timeline, LayoutError> {
         sim: Simulator::tracing(),
         ..Workspace::default()
     };
-    let step = time_model(s, l, &AnalyticTimer, &mut w);
+    let step = time_model(s, l, &AnalyticTimer, &mut w)?;
     Ok(Timeline {
         step,
         events: w.sim.trace.take().unwrap_or_default(),

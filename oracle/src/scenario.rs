@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{Bound, Bounded, limits};
 use crate::hardware::HardwareProfile;
 use crate::model::ModelCard;
 use crate::precision::Precision;
@@ -14,6 +15,7 @@ use crate::precision::Precision;
 /// Training settings that are not part of the layout (`spec.training`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<Training>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Training {
     /// Sequence length in tokens.
@@ -23,6 +25,16 @@ pub struct Training {
     /// Matrix precision.
     #[serde(default)]
     pub precision: Precision,
+}
+
+/// The training settings, bounded.
+impl Bounded for Training {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::int("seqLength", 1, limits::SEQ, |t| t.seq_length.into()),
+        Bound::int("globalBatchSize", 1, limits::GLOBAL_BATCH, |t| {
+            t.global_batch_size.into()
+        }),
+    ];
 }
 
 /// The cluster after defaults: GPU count and packaging.

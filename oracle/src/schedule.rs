@@ -15,10 +15,15 @@
 //! weight-gradient passes by looking at the gaps, so it runs the general event loop.
 //!
 //! `order.rs` holds each rank's pass order, `plan.rs` builds the cached processing order from
-//! it, `steady.rs` finds and fills in its steady state, `zero_bubble.rs` runs ZB-H1.
+//! it, `steady.rs` finds and fills in its steady state, `zero_bubble.rs` runs ZB-H1,
+//! `extrapolate.rs` serves schedules of more passes than [`MAX_PASSES`] in bounded memory.
+//!
+//! Nothing here panics or allocates by the micro-batch count beyond [`MAX_PASSES`]: a
+//! schedule too large to simulate is a [`ScheduleError`].
 
 use crate::layout::Schedule;
 
+mod extrapolate;
 mod order;
 mod plan;
 mod steady;
@@ -27,6 +32,24 @@ mod zero_bubble;
 use order::RankOrder;
 
 use steady::{MAX_CYCLICITY, Period, repeats, time_passes};
+
+/// Most passes (2 x virtual stages x micro-batches) simulated one by one; beyond, the
+/// simulation extrapolates from its steady state ([`Simulator::run`]).
+pub const MAX_PASSES: u64 = crate::bounds::limits::SCHEDULE_PASSES;
+
+/// Why a schedule was not simulated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// More passes than [`MAX_PASSES`] and no steady state within them to extrapolate from,
+    /// or more ranks and chunks than the pass indices hold.
+    #[error(
+        "the pipeline schedule of {pp} ranks x {vpp} chunks x {m} micro-batches is too large to simulate"
+    )]
+    TooLarge { pp: usize, vpp: usize, m: usize },
+    /// The pass order could not be built (a bug, reported rather than a panic).
+    #[error("pipeline schedule deadlock (pp={pp}, vpp={vpp}, m={m})")]
+    Deadlock { pp: usize, vpp: usize, m: usize },
+}
 
 /// Per-micro-batch times of every virtual stage, and the pipeline message time.
 #[derive(Debug, Clone, Copy)]
@@ -187,6 +210,8 @@ pub struct Simulator {
     first_fwd_count: Vec<u32>,
     /// Recorded passes when tracing.
     pub trace: Option<Vec<Event>>,
+    /// Passes simulated one by one at most (0: [`MAX_PASSES`]).
+    budget: u64,
 }
 
 impl Simulator {
@@ -211,6 +236,22 @@ impl Simulator {
         }
     }
 
+    /// The same simulator timing at most `passes` passes one by one (beyond, it
+    /// extrapolates; for checking the extrapolation against a full run).
+    pub fn with_budget(mut self, passes: u64) -> Simulator {
+        self.budget = passes;
+        self
+    }
+
+    /// Passes simulated one by one at most.
+    fn budget(&self) -> u64 {
+        if self.budget == 0 {
+            MAX_PASSES
+        } else {
+            self.budget
+        }
+    }
+
     /// Passes of the last run whose times were filled in from a repeating steady state
     /// rather than simulated one by one.
     pub fn filled_passes(&self) -> usize {
@@ -227,14 +268,26 @@ impl Simulator {
         &self.last_backward
     }
 
-    /// Simulate `m` micro-batches.
-    pub fn run(&mut self, schedule: Schedule, c: &StageCosts, m: usize) -> ScheduleSummary {
+    /// Simulate `m` micro-batches. Up to [`MAX_PASSES`] passes every pass is timed; beyond,
+    /// three shorter runs a whole number of steady-state periods apart are extrapolated to
+    /// `m` (O(1) memory in `m`), or the schedule is [`ScheduleError::TooLarge`].
+    pub fn run(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        m: usize,
+    ) -> Result<ScheduleSummary, ScheduleError> {
         self.run_with(schedule, c, m, false)
     }
 
     /// Simulate without filling `RankTimeline::p2p_wait` for the 1F1B family (ask
     /// [`Simulator::p2p_wait`] for the ranks that matter): the projection's fast path.
-    pub fn run_lean(&mut self, schedule: Schedule, c: &StageCosts, m: usize) -> ScheduleSummary {
+    pub fn run_lean(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        m: usize,
+    ) -> Result<ScheduleSummary, ScheduleError> {
         self.run_with(schedule, c, m, true)
     }
 
@@ -244,7 +297,7 @@ impl Simulator {
         c: &StageCosts,
         m: usize,
         lean: bool,
-    ) -> ScheduleSummary {
+    ) -> Result<ScheduleSummary, ScheduleError> {
         let pp = c.pp.max(1);
         let vpp = if schedule == Schedule::Interleaved {
             c.vpp.max(1)
@@ -252,8 +305,32 @@ impl Simulator {
             1
         };
         let m = m.max(1);
+        let too_large = ScheduleError::TooLarge { pp, vpp, m };
+        // Pass indices are u32, ranks u16 and durations u16 (`nvs + vs`).
+        let nvs = pp.checked_mul(vpp).ok_or(too_large.clone())?;
+        if nvs >= u16::MAX as usize / 2 || c.forward.len() < nvs || c.backward.len() < nvs {
+            return Err(too_large);
+        }
+        let passes = (2 * nvs as u64).checked_mul(m as u64);
+        if passes.is_some_and(|p| p <= self.budget()) {
+            return self.simulate_exact(schedule, c, (pp, vpp), m, lean);
+        }
+        if self.trace.is_some() {
+            return Err(too_large);
+        }
+        self.extrapolate(schedule, c, (pp, vpp), m)
+    }
+
+    /// Time every pass of `m` micro-batches (at most [`MAX_PASSES`] passes).
+    fn simulate_exact(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        (pp, vpp): (usize, usize),
+        m: usize,
+        lean: bool,
+    ) -> Result<ScheduleSummary, ScheduleError> {
         let nvs = pp * vpp;
-        debug_assert!(c.forward.len() >= nvs && c.backward.len() >= nvs);
         self.ranks.clear();
         self.ranks.resize(pp, RankTimeline::default());
         self.last_backward.clear();
@@ -263,16 +340,17 @@ impl Simulator {
         if let Some(t) = self.trace.as_mut() {
             t.clear();
         }
+        self.filled = 0;
         if schedule == Schedule::ZeroBubble {
             self.planned = false;
-            self.run_zero_bubble(c, pp, m);
+            self.run_zero_bubble(c, pp, m)?;
         } else {
             self.ensure_plan(PlanKey {
                 interleaved: vpp > 1,
                 pp,
                 vpp,
                 m,
-            });
+            })?;
             self.run_plan(c, pp, vpp, m);
             self.planned = true;
             if !lean {
@@ -281,7 +359,7 @@ impl Simulator {
                 }
             }
         }
-        self.summarize()
+        Ok(self.summarize())
     }
 
     fn summarize(&self) -> ScheduleSummary {
@@ -468,8 +546,8 @@ pub fn simulate(
     schedule: Schedule,
     c: &StageCosts,
     m: usize,
-) -> (ScheduleSummary, Vec<RankTimeline>) {
+) -> Result<(ScheduleSummary, Vec<RankTimeline>), ScheduleError> {
     let mut sim = Simulator::new();
-    let s = sim.run(schedule, c, m);
-    (s, sim.ranks().to_vec())
+    let s = sim.run(schedule, c, m)?;
+    Ok((s, sim.ranks().to_vec()))
 }

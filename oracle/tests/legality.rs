@@ -65,7 +65,7 @@ fn legal_layouts_pass() {
 }
 
 #[test]
-fn sizes_must_be_positive() {
+fn sizes_must_be_positive_and_bounded() {
     let e = broken(
         &llama70(64),
         Layout {
@@ -73,7 +73,71 @@ fn sizes_must_be_positive() {
             ..Layout::default()
         },
     );
-    expect(e, "positive", "spec.parallelism.cp", "must be at least 1");
+    expect(
+        e,
+        "within-bounds",
+        "spec.parallelism.cp",
+        "must be greater than 0",
+    );
+    // Beyond the bound of each axis (bounds::limits::AXIS = 65536).
+    let e = broken(
+        &llama70(64),
+        Layout {
+            ep: 1 << 20,
+            ..Layout::default()
+        },
+    );
+    expect(
+        e,
+        "within-bounds",
+        "spec.parallelism.ep",
+        "1048576 is beyond any real job (at most 65536)",
+    );
+}
+
+#[test]
+fn products_of_sizes_never_wrap() {
+    // 65536 * 65536 * 1 wraps to 0 in u32: the grid is computed in u64.
+    let e = broken(
+        &llama70(64),
+        Layout {
+            tp: 65536,
+            pp: 65536,
+            ..Layout::default()
+        },
+    );
+    expect(
+        e,
+        "gpus-divisible",
+        "spec.cluster.gpus",
+        "64 GPUs are not divisible by tp*pp*cp = 65536*65536*1 = 4294967296",
+    );
+    // pp * vpp is bounded before any rule multiplies them (u32).
+    let e = broken(
+        &llama70(65536),
+        Layout {
+            pp: 65536,
+            vpp: 65536,
+            schedule: Schedule::Interleaved,
+            ..Layout::default()
+        },
+    );
+    expect(
+        e,
+        "virtual-stages",
+        "spec.parallelism.vpp",
+        "pp*vpp = 65536*65536 exceeds 8192",
+    );
+    // ep * etp likewise (in u64).
+    let e = broken(
+        &scenario("mixtral-8x22b", 64, 4096, 64),
+        Layout {
+            ep: 65536,
+            etp: 65536,
+            ..Layout::default()
+        },
+    );
+    assert_eq!(e.rule, "ep-divides-experts", "{e}");
 }
 
 #[test]
@@ -341,6 +405,37 @@ fn pipeline_layout_syntax_errors_name_the_problem() {
     assert_eq!(
         PipelineLayout::parse("Et|t*|L").unwrap_err(),
         "expected a repeat count after `*` at position 5 of the layout"
+    );
+}
+
+#[test]
+fn pipeline_layout_parsing_is_bounded() {
+    // 200,000 `(` (issue 13: a stack overflow before): one line, before any parsing.
+    let e = PipelineLayout::parse(&"(".repeat(200_000)).unwrap_err();
+    assert_eq!(e, "is longer than 4096 characters");
+    // Within the length, nesting is cut at 32 levels (the parser keeps its own stack).
+    let e = PipelineLayout::parse(&"(".repeat(4000)).unwrap_err();
+    assert_eq!(
+        e,
+        "groups nested deeper than 32 levels at position 33 of the layout"
+    );
+    let deep = format!("Et|{}t{}|L", "(".repeat(32), ")".repeat(32));
+    assert_eq!(PipelineLayout::parse(&deep).unwrap().layers(), 2);
+    // An empty group repeated 2^64-1 times expands to nothing, at once.
+    let l = PipelineLayout::parse("Et|()*18446744073709551615t|L").unwrap();
+    assert_eq!(l.stages().len(), 3);
+    // Nested repeats stop at 65,536 symbols.
+    let e = PipelineLayout::parse("Et|((((t*16)*16)*16)*16)*16|L").unwrap_err();
+    assert!(e.contains("expands to too many symbols"), "{e}");
+    // Read from an input, a bad layout decodes (an object the API server accepted always
+    // does) and the legality check names the field.
+    let l: Layout = serde_json::from_str(r#"{"pp": 2, "pipelineLayout": "((("}"#).unwrap();
+    let e = broken(&llama70(64), l);
+    expect(
+        e,
+        "within-bounds",
+        "spec.parallelism.pipelineLayout",
+        "unclosed `(` at position 3 of the layout",
     );
 }
 

@@ -1,7 +1,7 @@
 //! The pipeline schedule simulator against hand-derived makespans and bubbles.
 
 use primus_oracle::layout::Schedule;
-use primus_oracle::schedule::{PassKind, Simulator, StageCosts, simulate};
+use primus_oracle::schedule::{PassKind, ScheduleError, Simulator, StageCosts, simulate};
 
 fn costs<'a>(
     pp: usize,
@@ -33,7 +33,7 @@ fn one_f_one_b_equal_stages_bubble_is_p_minus_1_over_m_plus_p_minus_1() {
     let f = vec![1.0; p];
     let b = vec![2.0; p];
     let w = vec![0.0; p];
-    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m);
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m).unwrap();
     assert!((s.makespan - 33.0).abs() < EPS, "{s:?}");
     assert!((s.bubble - 9.0).abs() < EPS);
     assert!((s.bubble_fraction - 3.0 / 11.0).abs() < EPS);
@@ -50,7 +50,7 @@ fn one_f_one_b_weight_counts_as_backward() {
     let f = vec![1.0; p];
     let b = vec![1.0; p];
     let w = vec![1.0; p];
-    let (s, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m);
+    let (s, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m).unwrap();
     assert!((s.makespan - 33.0).abs() < EPS, "{s:?}");
 }
 
@@ -64,7 +64,7 @@ fn interleaving_divides_the_bubble_by_vpp() {
     let f = vec![0.5; p * v];
     let b = vec![1.0; p * v];
     let w = vec![0.0; p * v];
-    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m);
+    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m).unwrap();
     assert!((s.makespan - 28.5).abs() < EPS, "{s:?}");
     assert!((s.bubble - 4.5).abs() < EPS);
     // And with v = 4 (chunks 0.25 / 0.5): bubble 3 * 0.75 = 2.25.
@@ -72,7 +72,7 @@ fn interleaving_divides_the_bubble_by_vpp() {
     let f = vec![0.25; p * v];
     let b = vec![0.5; p * v];
     let w = vec![0.0; p * v];
-    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m);
+    let (s, _) = simulate(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.0), m).unwrap();
     assert!((s.makespan - 26.25).abs() < EPS, "{s:?}");
 }
 
@@ -85,7 +85,7 @@ fn zero_bubble_h1_bubble_is_p_minus_1_times_f_plus_b_minus_w() {
     let f = vec![1.0; p];
     let b = vec![1.0; p];
     let w = vec![1.0; p];
-    let (s, ranks) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &b, &w, 0.0), m);
+    let (s, ranks) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &b, &w, 0.0), m).unwrap();
     assert!((s.makespan - 27.0).abs() < EPS, "{s:?} {ranks:?}");
     assert!((s.bubble - 3.0).abs() < EPS);
 }
@@ -98,7 +98,7 @@ fn messages_delay_the_chain_and_are_reported_as_p2p_wait() {
     let f = vec![1.0; 2];
     let b = vec![2.0; 2];
     let w = vec![0.0; 2];
-    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.1), 1);
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.1), 1).unwrap();
     assert!((s.makespan - 6.2).abs() < EPS, "{s:?}");
     assert!((ranks[0].p2p_wait - 0.1).abs() < EPS);
     assert!((ranks[1].p2p_wait - 0.1).abs() < EPS);
@@ -113,7 +113,7 @@ fn slowest_stage_sets_the_steady_state() {
     let f = vec![1.0, 2.0];
     let b = vec![2.0, 4.0];
     let w = vec![0.0; 2];
-    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.0), 16);
+    let (s, ranks) = simulate(Schedule::OneFOneB, &costs(2, 1, &f, &b, &w, 0.0), 16).unwrap();
     assert!((s.makespan - 99.0).abs() < EPS, "{s:?}");
     assert_eq!(s.busiest_rank, 1);
     assert!((ranks[1].busy - 96.0).abs() < EPS);
@@ -126,7 +126,8 @@ fn trace_records_every_pass_once_and_respects_dependencies() {
     let b = vec![1.0; p * v];
     let w = vec![0.0; p * v];
     let mut sim = Simulator::tracing();
-    sim.run(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.05), m);
+    sim.run(Schedule::Interleaved, &costs(p, v, &f, &b, &w, 0.05), m)
+        .unwrap();
     let trace = sim.trace.as_ref().unwrap();
     assert_eq!(trace.len(), 2 * p * v * m);
     // No two passes of one rank overlap.
@@ -165,8 +166,8 @@ fn zero_bubble_h1_matches_the_formula_over_a_range_of_shapes() {
     for p in 2..=8usize {
         for m in p..=3 * p {
             let f = vec![1.0; p];
-            let (zb, _) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &f, &f, 0.0), m);
-            let (ofob, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &f, &f, 0.0), m);
+            let (zb, _) = simulate(Schedule::ZeroBubble, &costs(p, 1, &f, &f, &f, 0.0), m).unwrap();
+            let (ofob, _) = simulate(Schedule::OneFOneB, &costs(p, 1, &f, &f, &f, 0.0), m).unwrap();
             let expect = (3 * m + p - 1) as f64;
             assert!((zb.makespan - expect).abs() < EPS, "p={p} m={m}: {zb:?}");
             assert!((ofob.makespan - (3 * (m + p - 1)) as f64).abs() < EPS);
@@ -199,8 +200,8 @@ mod steady_state_shortcut {
             let c = costs(p, v, f, b, &w, p2p);
             let mut fast = Simulator::new();
             let mut slow = Simulator::exhaustive();
-            let a = fast.run(schedule, &c, m);
-            let e = slow.run(schedule, &c, m);
+            let a = fast.run(schedule, &c, m).unwrap();
+            let e = slow.run(schedule, &c, m).unwrap();
             let tol = 1e-9 * e.makespan;
             prop_assert!((a.makespan - e.makespan).abs() <= tol, "{a:?} vs {e:?}");
             for (x, y) in fast.ranks().iter().zip(slow.ranks()) {
@@ -227,12 +228,102 @@ fn the_steady_state_shortcut_is_taken_and_exact() {
     let c = costs(p, v, &f, &b, &w, 0.05);
     let mut fast = Simulator::new();
     let mut slow = Simulator::exhaustive();
-    let a = fast.run(Schedule::Interleaved, &c, m);
-    let e = slow.run(Schedule::Interleaved, &c, m);
+    let a = fast.run(Schedule::Interleaved, &c, m).unwrap();
+    let e = slow.run(Schedule::Interleaved, &c, m).unwrap();
     assert!(fast.filled_passes() > 2000, "{}", fast.filled_passes());
     assert_eq!(slow.filled_passes(), 0);
     assert!((a.makespan - e.makespan).abs() < 1e-9 * e.makespan);
     for (x, y) in fast.ranks().iter().zip(slow.ranks()) {
         assert!((x.p2p_wait - y.p2p_wait).abs() < 1e-9 * e.makespan);
+    }
+}
+
+mod extrapolation {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn close(a: f64, b: f64, scale: f64) -> bool {
+        (a - b).abs() <= 1e-9 * scale.abs().max(1e-12)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(60))]
+        /// Beyond its budget the simulator extrapolates from three runs a whole number of
+        /// steady-state periods apart: every result agrees with the full simulation.
+        #[test]
+        fn agrees_with_the_full_simulation(
+            p in 1usize..6,
+            v in 1usize..4,
+            schedule in 0usize..3,
+            extra in 0usize..400,
+            f in proptest::collection::vec(0.1f64..3.0, 24),
+            b in proptest::collection::vec(0.1f64..6.0, 24),
+            w in proptest::collection::vec(0.0f64..2.0, 24),
+            p2p in 0.0f64..0.5,
+        ) {
+            let (schedule, v) = match schedule {
+                0 => (Schedule::OneFOneB, 1),
+                1 if p > 1 && v > 1 => (Schedule::Interleaved, v),
+                1 => (Schedule::OneFOneB, 1),
+                _ if p > 1 => (Schedule::ZeroBubble, 1),
+                _ => (Schedule::OneFOneB, 1),
+            };
+            let nvs = p * v;
+            // Interleaving needs whole groups of p micro-batches.
+            let m = (150 * p + extra) / p * p;
+            let c = costs(p, v, &f[..nvs], &b[..nvs], &w[..nvs], p2p);
+            let mut full = Simulator::new();
+            let e = full.run(schedule, &c, m).unwrap();
+            // A budget of half the passes: room for three runs 12 groups apart, so the run
+            // extrapolates.
+            let budget = (nvs * m) as u64;
+            let mut short = Simulator::new().with_budget(budget);
+            match short.run(schedule, &c, m) {
+                Ok(a) => {
+                    let scale = e.makespan;
+                    prop_assert!(close(a.makespan, e.makespan, scale), "{a:?} vs {e:?}");
+                    prop_assert!(short.filled_passes() > 0);
+                    for (r, (x, y)) in short.ranks().iter().zip(full.ranks()).enumerate() {
+                        prop_assert!(close(x.end, y.end, scale));
+                        prop_assert!(close(x.busy, y.busy, scale));
+                        prop_assert!(close(x.first_forward_end, y.first_forward_end, scale));
+                        prop_assert!(close(x.p2p_wait, y.p2p_wait, scale));
+                        prop_assert!(close(short.p2p_wait(r), full.p2p_wait(r), scale));
+                    }
+                    for (x, y) in short.last_backward().iter().zip(full.last_backward()) {
+                        prop_assert!(close(x.start, y.start, scale) && close(x.end, y.end, scale));
+                    }
+                }
+                Err(e) => prop_assert!(false, "{schedule:?} p={p} v={v} m={m}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn huge_micro_batch_counts_cost_constant_memory() {
+        // 2^40 micro-batches on 4 stages: 2^43 passes, far beyond any memory; extrapolated
+        // from three runs within the budget (bounded memory), with the busy time exact.
+        let (p, m) = (4, 1usize << 40);
+        let f = vec![1.0; p];
+        let b = vec![2.0; p];
+        let w = vec![0.0; p];
+        let mut sim = Simulator::new();
+        let s = sim
+            .run(Schedule::OneFOneB, &costs(p, 1, &f, &b, &w, 0.0), m)
+            .unwrap();
+        // 1F1B: makespan (m + p - 1)(F + B).
+        let expect = (m as f64 + 3.0) * 3.0;
+        assert!((s.makespan - expect).abs() <= 1e-9 * expect, "{s:?}");
+        assert!((sim.ranks()[0].busy - 3.0 * m as f64).abs() <= 1e-9 * expect);
+        // Too many stages for three runs within the budget: an error, not a panic.
+        let n = 20_000;
+        let f = vec![1.0; n];
+        let r = Simulator::new().run(Schedule::OneFOneB, &costs(n, 1, &f, &f, &f, 0.0), m);
+        assert!(matches!(r, Err(ScheduleError::TooLarge { .. })), "{r:?}");
+        // And a timeline (every pass recorded) is never extrapolated.
+        let mut tracing = Simulator::tracing();
+        let f = vec![1.0; p];
+        let r = tracing.run(Schedule::OneFOneB, &costs(p, 1, &f, &f, &f, 0.0), m);
+        assert!(matches!(r, Err(ScheduleError::TooLarge { .. })), "{r:?}");
     }
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod deny_webhook;
+pub mod hostile;
 pub mod kubectl;
 pub mod node_agent;
 pub mod tools;

@@ -141,7 +141,7 @@ fn schema_rejects_invalid_plans_naming_the_field() {
     let Some(tb) = testbed!() else { return };
     let ns = tb.namespace("api-invalid");
     for (body, field, what) in [
-        (BAD_GPUS, "spec.cluster.gpus", "greater than or equal to 0"),
+        (BAD_GPUS, "spec.cluster.gpus", "greater than or equal to 1"),
         (BAD_TYPE, "spec.parallelism.tp", "integer"),
         (BAD_ENUM, "spec.parallelism.recompute", "Unsupported value"),
     ] {

@@ -90,7 +90,8 @@ pub fn gpu_kind(
                 note: None,
             }),
             None => Err(format!(
-                "GPU kind: unknown hardware profile {name:?} in annotation {}; known: {}",
+                "GPU kind: unknown hardware profile {} in annotation {}; known: {}",
+                primus_oracle::parse::quote(name),
                 annotations::GPU,
                 catalog.hardware_names().join(", ")
             )),

@@ -8,7 +8,6 @@
 //! a network.
 
 pub mod admission;
-pub mod bounds;
 pub mod ca_secret;
 pub mod client;
 pub mod gpu;

@@ -15,15 +15,15 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_crds::annotations;
 use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::FieldError;
+use primus_oracle::bounds::{self, limits};
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{ALLOC_CONF_ENV, MegatronArgs, expandable_segments_in, flag};
 use primus_oracle::model::ModelCard;
-use primus_oracle::parse::from_value_at;
+use primus_oracle::parse::{from_value_at, quote};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::scenario::{Cluster, Scenario, Training};
 use serde_json::Value;
 
-use crate::bounds::{self, limits};
 use crate::gpu;
 
 /// Where the layout came from: decides how a bad field is named in messages.
@@ -147,7 +147,7 @@ fn gpu_limit(c: &Container, resources: &[String]) -> Result<Option<(String, u64)
                     Ok(n) => Ok(Some((res.clone(), n))),
                     Err(_) => Err(DeriveError::invalid(
                         format!("containers[{}].resources.{section}[{res}]", c.name),
-                        format!("{:?} is not a whole number of GPUs", q.0),
+                        format!("{} is not a whole number of GPUs", quote(&q.0)),
                     )),
                 };
             }
@@ -174,13 +174,13 @@ fn procs_per_replica(
         Some(IntOrString::String(s)) => {
             let s = s.trim();
             match s {
-                "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {s:?}"))),
+                "gpu" | "auto" => Ok(from_gpus(&format!("nprocPerNode is {}", quote(s)))),
                 "cpu" => Ok(Err("nprocPerNode is \"cpu\": not a GPU job".to_string())),
                 n => match n.parse::<u64>() {
                     Ok(n) if n > 0 => Ok(Ok(n)),
                     _ => Err(DeriveError::invalid(
                         "spec.nprocPerNode",
-                        format!("{s:?} is not auto, cpu, gpu or a positive integer"),
+                        format!("{} is not auto, cpu, gpu or a positive integer", quote(s)),
                     )),
                 },
             }
@@ -320,7 +320,7 @@ pub fn derive_spec(
         .map(container_words)
         .unwrap_or_default();
     let args = MegatronArgs::parse(words.iter().copied());
-    bounds::check_flags(&args).map_err(DeriveError::Invalid)?;
+    args.check_bounds().map_err(DeriveError::Invalid)?;
 
     let model = model_of(&args, annotations, catalog)?.map_err(|m| missing.push(m));
     let training = training_of(&args, annotations)?.map_err(|m| missing.push(m));
@@ -348,18 +348,18 @@ pub fn derive_spec(
             "the job could not be derived".into(),
         ]));
     };
-    let name = |f: &str| job_field(&format!("spec.parallelism.{f}"), layout_source);
-    bounds::check_layout(&layout, world.gpus, &name).map_err(DeriveError::Invalid)?;
     let gpus_per_node = world.per_node.unwrap_or(gpu.profile.gpus_per_node as u64);
+    // Both bounded (world_of): the casts keep the values.
     let scenario = Scenario {
         model,
         hardware: gpu.profile,
         cluster: Cluster {
-            gpus: world.gpus as u32,
-            gpus_per_node: gpus_per_node.clamp(1, limits::AXIS as u64) as u32,
+            gpus: world.gpus.min(limits::GPUS) as u32,
+            gpus_per_node: gpus_per_node.clamp(1, limits::AXIS) as u32,
         },
         training,
     };
+    // The layout's bounds, then its legality (products in checked arithmetic).
     layout.check(&scenario).map_err(|e| {
         DeriveError::invalid(
             job_field(&e.field, layout_source),
@@ -385,14 +385,14 @@ fn model_of(
 ) -> Result<Result<ModelCard, String>, DeriveError> {
     if let Some(card) = parse_annotation::<ModelCard>(annotations, annotations::MODEL_CARD)? {
         let at = annotation_field(annotations::MODEL_CARD);
-        bounds::check_card(&card, &format!("{at}.")).map_err(DeriveError::Invalid)?;
         card.validate(&at).map_err(DeriveError::Invalid)?;
         return Ok(Ok(card));
     }
     if let Some(name) = annotations.get(annotations::MODEL) {
         return Ok(catalog.model(name.trim()).cloned().ok_or_else(|| {
             format!(
-                "model: unknown preset {name:?} in annotation {}; known: {}",
+                "model: unknown preset {} in annotation {}; known: {}",
+                quote(name),
                 annotations::MODEL,
                 catalog.model_names().join(", ")
             )
@@ -400,7 +400,6 @@ fn model_of(
     }
     match args.model_card().map_err(DeriveError::Invalid)? {
         Some(card) => {
-            bounds::check_card(&card, "--").map_err(DeriveError::Invalid)?;
             card.validate("megatron flags")
                 .map_err(DeriveError::Invalid)?;
             Ok(Ok(card))
@@ -446,26 +445,7 @@ fn training_of(
             flag::GBS.to_string()
         }
     };
-    if t.seq_length == 0 || t.seq_length > limits::SEQ {
-        return Err(DeriveError::invalid(
-            field("seqLength"),
-            format!(
-                "{} is not a sequence length in 1..={}",
-                t.seq_length,
-                limits::SEQ
-            ),
-        ));
-    }
-    if t.global_batch_size == 0 || t.global_batch_size > limits::GBS {
-        return Err(DeriveError::invalid(
-            field("globalBatchSize"),
-            format!(
-                "{} is not a global batch size in 1..={}",
-                t.global_batch_size,
-                limits::GBS
-            ),
-        ));
-    }
+    bounds::check(&t, "").map_err(|e| DeriveError::invalid(field(&e.field), e.message))?;
     Ok(Ok(t))
 }
 
@@ -519,13 +499,13 @@ fn world_of(
     if known && w.gpus == 0 {
         missing.push("world size: the replicas add up to 0 GPUs".into());
     }
-    if w.gpus > limits::WORLD {
+    if w.gpus > limits::GPUS {
         return Err(DeriveError::invalid(
             "spec.pytorchReplicaSpecs",
             format!(
                 "replicas x nprocPerNode = {} GPUs is beyond any real job (at most {})",
                 w.gpus,
-                limits::WORLD
+                limits::GPUS
             ),
         ));
     }

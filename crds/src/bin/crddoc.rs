@@ -52,11 +52,27 @@ fn scalar_type(schema: &Value) -> String {
         .is_some_and(|f| f.starts_with("uint"));
     if let Some(min) = schema["minimum"].as_f64()
         && !(unsigned && min == 0.0)
+        && min != i32::MIN as f64
     {
         let _ = write!(out, ", ≥ {min}");
     }
-    if let Some(max) = schema["maximum"].as_f64() {
+    // The range of the Rust type itself (crdgen gives every integer one) says nothing.
+    let natural = match schema["format"].as_str() {
+        Some("uint32") => Some(u32::MAX as f64),
+        Some("uint64" | "uint") => Some(i64::MAX as f64),
+        Some("int32") => Some(i32::MAX as f64),
+        _ => None,
+    };
+    if let Some(max) = schema["maximum"].as_f64()
+        && Some(max) != natural
+    {
         let _ = write!(out, ", ≤ {max}");
+    }
+    if let Some(n) = schema["maxLength"]
+        .as_u64()
+        .or_else(|| schema["maxLength"].as_f64().map(|f| f as u64))
+    {
+        let _ = write!(out, ", at most {n} characters");
     }
     if let Some(p) = schema["pattern"].as_str() {
         let _ = write!(out, ", pattern `{p}`");
@@ -72,7 +88,10 @@ fn type_of(schema: &Value) -> String {
         return "object (any fields)".into();
     }
     match schema["type"].as_str() {
-        Some("array") => format!("array of {}", type_of(&schema["items"])),
+        Some("array") => match schema["maxItems"].as_f64() {
+            Some(n) => format!("array (at most {n}) of {}", type_of(&schema["items"])),
+            None => format!("array of {}", type_of(&schema["items"])),
+        },
         Some("object") => match schema.get("additionalProperties") {
             Some(v) if v.is_object() => format!("map of {}", type_of(v)),
             _ => "object".into(),

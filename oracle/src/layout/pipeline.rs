@@ -17,6 +17,8 @@ use super::Layout;
 
 /// Most symbols a layout string may expand to (guards against `(t|)*999999999`).
 const MAX_EXPANDED_SYMBOLS: usize = 1 << 16;
+/// Deepest nesting of `(...)` groups (Megatron's layouts use one level).
+pub const MAX_NESTING: usize = 32;
 
 /// What one virtual pipeline stage of an explicit layout holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -33,11 +35,15 @@ pub struct StageSpec {
     pub loss: bool,
 }
 
-/// A parsed `--pipeline-model-parallel-layout` string.
+/// A `--pipeline-model-parallel-layout` string and its stages. Read from an input it keeps a
+/// syntax error instead of failing ([`PipelineLayout::error`]): an object the API server
+/// accepted always decodes, and the validator names the field
+/// ([`crate::layout::Layout::check`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PipelineLayout {
     text: String,
     stages: Vec<StageSpec>,
+    error: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -49,6 +55,8 @@ enum Sym {
     Sep,
 }
 
+/// The layout's grammar, parsed with an explicit stack of open groups (no recursion: a
+/// layout of 200,000 `(` is an error, not a stack overflow).
 struct Parser<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -83,93 +91,142 @@ impl Parser<'_> {
             .ok_or_else(|| self.err("expected a repeat count after `*`"))
     }
 
-    /// Parse a sequence until `)` or the end, appending the expansion to `out`.
-    fn sequence(&mut self, out: &mut Vec<Sym>, nested: bool) -> Result<(), String> {
+    /// Append `item` repeated `n` times to `out`, within the expansion limit.
+    fn append(&self, out: &mut Vec<Sym>, item: &[Sym], n: usize) -> Result<(), String> {
+        if item.is_empty() || n == 0 {
+            return Ok(());
+        }
+        if out.len() + item.len().saturating_mul(n) > MAX_EXPANDED_SYMBOLS {
+            return Err(self.err("the layout expands to too many symbols"));
+        }
+        for _ in 0..n {
+            out.extend_from_slice(item);
+        }
+        Ok(())
+    }
+
+    /// The whole text, expanded. `open` holds the symbols of each group still open, outermost
+    /// first.
+    fn expand(&mut self) -> Result<Vec<Sym>, String> {
+        let mut open: Vec<Vec<Sym>> = vec![Vec::new()];
         loop {
             self.skip_noise();
             let Some(&b) = self.bytes.get(self.pos) else {
-                return if nested {
-                    Err(self.err("unclosed `(`"))
-                } else {
-                    Ok(())
+                return match open.pop() {
+                    Some(all) if open.is_empty() => Ok(all),
+                    _ => Err(self.err("unclosed `(`")),
                 };
             };
-            let item: Vec<Sym> = match b {
-                b')' if nested => {
-                    self.pos += 1;
-                    return Ok(());
-                }
+            self.pos += 1;
+            let sym = match b {
                 b'(' => {
-                    self.pos += 1;
-                    let mut inner = Vec::new();
-                    self.sequence(&mut inner, true)?;
-                    inner
+                    if open.len() > MAX_NESTING {
+                        return Err(
+                            self.err(format!("groups nested deeper than {MAX_NESTING} levels"))
+                        );
+                    }
+                    open.push(Vec::new());
+                    continue;
                 }
-                b'E' => vec![Sym::Embedding],
-                b't' => vec![Sym::Layer],
-                b'm' => vec![Sym::Mtp],
-                b'L' => vec![Sym::Loss],
-                b'|' => vec![Sym::Sep],
+                b')' if open.len() > 1 => {
+                    let inner = open.pop().unwrap_or_default();
+                    let n = self.repeat()?;
+                    let out = open.last_mut().ok_or_else(|| self.err("unmatched `)`"))?;
+                    self.append(out, &inner, n)?;
+                    continue;
+                }
+                b'E' => Sym::Embedding,
+                b't' => Sym::Layer,
+                b'm' => Sym::Mtp,
+                b'L' => Sym::Loss,
+                b'|' => Sym::Sep,
                 other => {
+                    self.pos -= 1;
                     return Err(self.err(format!(
                         "unexpected {:?} (expected E, t, m, L, |, (, ) or *n)",
                         other as char
                     )));
                 }
             };
-            if !matches!(b, b'(') {
-                self.pos += 1;
-            }
             let n = self.repeat()?;
-            if out.len() + item.len().saturating_mul(n) > MAX_EXPANDED_SYMBOLS {
-                return Err(self.err("the layout expands to too many symbols"));
-            }
-            for _ in 0..n {
-                out.extend_from_slice(&item);
-            }
+            let out = open.last_mut().ok_or_else(|| self.err("unmatched `)`"))?;
+            self.append(out, &[sym], n)?;
         }
     }
+}
+
+/// The stages of an expanded layout.
+fn stages_of(syms: &[Sym]) -> Result<Vec<StageSpec>, String> {
+    let mut stages = vec![StageSpec::default()];
+    let mut next_layer = 0u32;
+    for &s in syms {
+        if s == Sym::Sep {
+            stages.push(StageSpec {
+                first_layer: next_layer,
+                ..StageSpec::default()
+            });
+            continue;
+        }
+        let Some(cur) = stages.last_mut() else {
+            continue;
+        };
+        match s {
+            Sym::Layer => {
+                cur.layers += 1;
+                next_layer += 1;
+            }
+            Sym::Embedding => cur.embedding = true,
+            Sym::Mtp => cur.mtp += 1,
+            Sym::Loss => cur.loss = true,
+            Sym::Sep => {}
+        }
+    }
+    let emb: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].embedding).collect();
+    let loss: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].loss).collect();
+    if emb != [0] {
+        return Err("the embedding `E` must appear once, in the first stage".into());
+    }
+    if loss != [stages.len() - 1] {
+        return Err("the loss `L` must appear once, in the last stage".into());
+    }
+    Ok(stages)
 }
 
 impl PipelineLayout {
     /// Parse Megatron's layout syntax; the error says what is wrong and where.
     pub fn parse(text: &str) -> Result<PipelineLayout, String> {
-        let mut p = Parser {
-            bytes: text.as_bytes(),
-            pos: 0,
+        let l = PipelineLayout::read(text.to_string());
+        match l.error {
+            Some(e) => Err(e),
+            None => Ok(l),
+        }
+    }
+
+    /// Parse, keeping a syntax error in the value (what deserialization does).
+    fn read(text: String) -> PipelineLayout {
+        let parsed = if text.chars().nth(MAX_TEXT).is_some() {
+            Err(format!("is longer than {MAX_TEXT} characters"))
+        } else {
+            let mut p = Parser {
+                bytes: text.as_bytes(),
+                pos: 0,
+            };
+            p.expand().and_then(|syms| stages_of(&syms))
         };
-        let mut syms = Vec::new();
-        p.sequence(&mut syms, false)?;
-        let mut stages = vec![StageSpec::default()];
-        let mut next_layer = 0u32;
-        for s in syms {
-            let cur = stages.last_mut().expect("at least one stage");
-            match s {
-                Sym::Sep => stages.push(StageSpec {
-                    first_layer: next_layer,
-                    ..StageSpec::default()
-                }),
-                Sym::Layer => {
-                    cur.layers += 1;
-                    next_layer += 1;
-                }
-                Sym::Embedding => cur.embedding = true,
-                Sym::Mtp => cur.mtp += 1,
-                Sym::Loss => cur.loss = true,
-            }
-        }
-        let emb: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].embedding).collect();
-        let loss: Vec<usize> = (0..stages.len()).filter(|&i| stages[i].loss).collect();
-        if emb != [0] {
-            return Err("the embedding `E` must appear once, in the first stage".into());
-        }
-        if loss != [stages.len() - 1] {
-            return Err("the loss `L` must appear once, in the last stage".into());
-        }
-        Ok(PipelineLayout {
-            text: text.to_string(),
+        let (stages, error) = match parsed {
+            Ok(s) => (s, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        PipelineLayout {
+            text,
             stages,
-        })
+            error,
+        }
+    }
+
+    /// What is wrong with the text, when it is not a layout (the value then has no stages).
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
     }
 
     /// The layout string as given.
@@ -193,6 +250,9 @@ impl PipelineLayout {
     }
 }
 
+/// Longest layout text read (the bound of `spec.parallelism.pipelineLayout`).
+const MAX_TEXT: usize = crate::bounds::limits::LAYOUT_TEXT as usize;
+
 impl fmt::Display for PipelineLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -206,9 +266,9 @@ impl Serialize for PipelineLayout {
 }
 
 impl<'de> Deserialize<'de> for PipelineLayout {
+    /// Never fails on a string: a syntax error is kept for the validator to report.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        PipelineLayout::parse(&text).map_err(serde::de::Error::custom)
+        Ok(PipelineLayout::read(String::deserialize(d)?))
     }
 }
 

@@ -164,7 +164,8 @@ impl ModuleSet {
         {
             let m = RecomputeModule::parse(name).ok_or_else(|| {
                 format!(
-                    "{name:?} is not a recompute module ({})",
+                    "{} is not a recompute module ({})",
+                    crate::parse::quote(name),
                     RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
                 )
             })?;

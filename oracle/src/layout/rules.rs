@@ -4,6 +4,7 @@
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
 use super::{Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use crate::bounds::{self, limits};
 use crate::scenario::Scenario;
 
 /// One broken legality rule.
@@ -56,7 +57,8 @@ impl Layout {
         }
     }
 
-    /// Check every legality rule against the scenario; the first broken rule.
+    /// Check every legality rule against the scenario; the first broken rule. The sizes are
+    /// bounded first (rule `within-bounds`), so every rule after computes without overflow.
     pub fn check(&self, s: &Scenario) -> Result<(), LayoutError> {
         self.check_sizes()?;
         self.check_grid(s)?;
@@ -103,27 +105,20 @@ impl Layout {
         Ok(())
     }
 
+    /// The layout's bounds ([`bounds::Bounded`]): every size in range, the pipeline layout's
+    /// syntax.
     fn check_sizes(&self) -> Result<(), LayoutError> {
-        for (name, v) in [
-            ("tp", self.tp),
-            ("pp", self.pp),
-            ("vpp", self.vpp),
-            ("cp", self.cp),
-            ("ep", self.ep),
-            ("etp", self.etp),
-            ("microBatchSize", self.micro_batch_size),
-        ] {
-            if v == 0 {
-                return fail("positive", name, "must be at least 1");
-            }
-        }
-        Ok(())
+        bounds::check(self, P).map_err(|e| LayoutError {
+            rule: "within-bounds",
+            field: e.field,
+            message: e.message,
+        })
     }
 
     fn check_grid(&self, s: &Scenario) -> Result<(), LayoutError> {
         let gpus = s.cluster.gpus;
         let mp = self.model_parallel_size();
-        if !gpus.is_multiple_of(mp) {
+        if !u64::from(gpus).is_multiple_of(mp) {
             return Err(LayoutError::new(
                 "gpus-divisible",
                 "spec.cluster.gpus",
@@ -180,6 +175,13 @@ impl Layout {
 
     fn check_pipeline(&self, s: &Scenario) -> Result<(), LayoutError> {
         let (pp, vpp) = (self.pp, self.vpp);
+        // Every product of pp and vpp below is at most this (u32 without overflow).
+        bounds::product(
+            &field("vpp"),
+            &[("pp", pp.into()), ("vpp", vpp.into())],
+            limits::VIRTUAL_STAGES,
+        )
+        .map_err(|e| LayoutError::new("virtual-stages", &e.field, e.message))?;
         if vpp > 1 && pp == 1 {
             return fail(
                 "vpp-needs-pp",
@@ -401,8 +403,8 @@ impl Layout {
         }
         // MoE parallel folding (parallel_state.initialize_model_parallel): the GPUs of one
         // pipeline stage (tp*cp*dp) are regrouped as etp*ep*edp.
-        let per_stage = s.cluster.gpus / self.pp;
-        let grid = self.ep * self.etp;
+        let per_stage = u64::from(s.cluster.gpus / self.pp);
+        let grid = u64::from(self.ep) * u64::from(self.etp);
         if !per_stage.is_multiple_of(grid) {
             return fail(
                 "expert-grid-fits",

@@ -7,9 +7,9 @@
 
 use crate::collectives::{self, Placement, Topology};
 use crate::compute::{ACT_BYTES, Dims, OpTimer, TimerContext};
-use crate::layout::{Layout, Schedule};
+use crate::layout::{Layout, LayoutError, Schedule};
 use crate::scenario::Scenario;
-use crate::schedule::{ScheduleSummary, StageCosts};
+use crate::schedule::{ScheduleError, ScheduleSummary, StageCosts};
 
 use super::layer::{CommContext, Parts};
 use super::{Breakdown, StepTime, Workspace};
@@ -21,18 +21,23 @@ use dp_tail::{RankFinish, dp_tail};
 pub(super) use stage::GpuParams;
 use stage::stage_costs;
 
-/// The whole time model.
+/// The whole time model. A pipeline schedule too large to simulate is an error naming the
+/// global batch (rule `schedule-size`).
 pub(super) fn time_model(
     s: &Scenario,
     l: &Layout,
     timer: &dyn OpTimer,
     w: &mut Workspace,
-) -> StepTime {
+) -> Result<StepTime, LayoutError> {
     let st = Setup::new(s, l, timer);
     let model_flops_forward = stage_costs(&st, w);
-    let pipeline = pipeline(&st, w);
+    let pipeline = pipeline(&st, w).map_err(|e| LayoutError {
+        rule: "schedule-size",
+        field: "spec.training.globalBatchSize".into(),
+        message: format!("{e}: lower the global batch or raise microBatchSize"),
+    })?;
     let critical = dp_tail(&st, w);
-    breakdown(&st, w, model_flops_forward, &pipeline, &critical)
+    Ok(breakdown(&st, w, model_flops_forward, &pipeline, &critical))
 }
 
 /// What every step reads: the scenario, the layout, the op timer and the communicators.
@@ -94,7 +99,7 @@ struct PipelineRun {
 
 /// Simulate the schedule (interleaved with virtual stages, else zero-bubble or 1F1B) with one
 /// point-to-point message per pass boundary; the simulator keeps every rank's timeline.
-fn pipeline(st: &Setup, w: &mut Workspace) -> PipelineRun {
+fn pipeline(st: &Setup, w: &mut Workspace) -> Result<PipelineRun, ScheduleError> {
     let d = &st.cc.d;
     let act = st.activation_bytes();
     // Pipeline messages: the hidden states of one micro-batch (scattered over TP under SP,
@@ -121,9 +126,10 @@ fn pipeline(st: &Setup, w: &mut Workspace) -> PipelineRun {
         weight: &w.weight,
         p2p,
     };
-    PipelineRun {
-        summary: w.sim.run_lean(schedule, &costs, st.m as usize),
-    }
+    let m = usize::try_from(st.m).unwrap_or(usize::MAX);
+    Ok(PipelineRun {
+        summary: w.sim.run_lean(schedule, &costs, m)?,
+    })
 }
 
 /// The step time, throughput and MFU, and the breakdown of the critical rank: its passes'

@@ -8,7 +8,7 @@
 
 use super::order::RankOrder;
 use super::steady::find_period;
-use super::{NONE, PlanKey, PlanMeta, PlanOp, RankOp, Simulator, dependency, index};
+use super::{NONE, PlanKey, PlanMeta, PlanOp, RankOp, ScheduleError, Simulator, dependency, index};
 
 /// Passes in a processing order, and the plan position of each pass by [`index`].
 struct Placed {
@@ -18,19 +18,16 @@ struct Placed {
 }
 
 impl Simulator {
-    /// Build (or reuse) the processing order of a 1F1B-family schedule.
-    pub(super) fn ensure_plan(&mut self, key: PlanKey) {
+    /// Build (or reuse) the processing order of a 1F1B-family schedule. The caller keeps
+    /// `2 * pp * vpp * m` within [`super::MAX_PASSES`] and `pp * vpp` within the u16 indices.
+    pub(super) fn ensure_plan(&mut self, key: PlanKey) -> Result<(), ScheduleError> {
         if self.key == Some(key) {
-            return;
+            return Ok(());
         }
         let PlanKey { pp, vpp, m, .. } = key;
         let nvs = pp * vpp;
         let total_ops = 2 * nvs * m;
-        assert!(
-            nvs < u16::MAX as usize / 2 && pp < u16::MAX as usize && total_ops < u32::MAX as usize,
-            "pipeline too large to simulate (pp={pp}, vpp={vpp}, m={m})"
-        );
-        let placed = reorder_by_reference_start(place_passes(key), nvs, pp);
+        let placed = reorder_by_reference_start(place_passes(key)?, nvs, pp);
         // Each pass's predecessor on its rank (the timing loop reads its end instead of
         // keeping a per-rank "free" time: one array, no read-modify-write per rank).
         let mut plan = placed.plan;
@@ -57,13 +54,14 @@ impl Simulator {
         self.plan = plan;
         self.meta = placed.meta;
         self.key = Some(key);
+        Ok(())
     }
 }
 
 /// Sweep the ranks (alternately forward and backward over them), placing every pass of each
 /// rank's order whose input pass is already placed; a sweep that places nothing is a
 /// deadlock.
-fn place_passes(key: PlanKey) -> Placed {
+fn place_passes(key: PlanKey) -> Result<Placed, ScheduleError> {
     let PlanKey { pp, vpp, m, .. } = key;
     let nvs = pp * vpp;
     let total_ops = 2 * nvs * m;
@@ -109,16 +107,15 @@ fn place_passes(key: PlanKey) -> Placed {
             }
         }
         forward_sweep = !forward_sweep;
-        assert!(
-            plan.len() > before,
-            "pipeline schedule deadlock (pp={pp}, vpp={vpp}, m={m})"
-        );
+        if plan.len() == before {
+            return Err(ScheduleError::Deadlock { pp, vpp, m });
+        }
     }
-    Placed {
+    Ok(Placed {
         plan,
         meta,
         position,
-    }
+    })
 }
 
 /// Reorder by start time in a reference run (forward 1, backward 2, no messages): still a

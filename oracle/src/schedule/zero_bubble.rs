@@ -2,14 +2,21 @@
 //! pass split into input-gradient (B) and weight-gradient (W) passes, W deferred into the
 //! gaps. Runs the general event loop (W placement depends on the times).
 
-use super::{Event, NONE, PassKind, RankOrder, Simulator, StageCosts, dependency, index};
+use super::{
+    Event, NONE, PassKind, RankOrder, ScheduleError, Simulator, StageCosts, dependency, index,
+};
 
 impl Simulator {
     /// ZB-H1: the 1F1B order of forwards and (input-gradient) backwards; each rank defers its
     /// weight-gradient passes and runs them in the gaps while it waits for an input, keeping at
     /// most `rank + 1` of them pending (so no rank holds more micro-batches than the first
     /// rank of 1F1B), and drains the rest at the end.
-    pub(super) fn run_zero_bubble(&mut self, c: &StageCosts, pp: usize, m: usize) {
+    pub(super) fn run_zero_bubble(
+        &mut self,
+        c: &StageCosts,
+        pp: usize,
+        m: usize,
+    ) -> Result<(), ScheduleError> {
         let nvs = pp;
         self.zb_end.clear();
         self.zb_end.resize(2 * nvs * m, None);
@@ -85,11 +92,14 @@ impl Simulator {
                 }
             }
             forward_sweep = !forward_sweep;
-            assert!(progressed, "zero-bubble schedule deadlock (pp={pp}, m={m})");
+            if !progressed {
+                return Err(ScheduleError::Deadlock { pp, vpp: 1, m });
+            }
         }
         for r in 0..pp {
             self.ranks[r].end = self.free[r];
         }
+        Ok(())
     }
 
     /// Run the oldest pending weight pass of rank `r` now.

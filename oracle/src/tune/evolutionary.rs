@@ -158,6 +158,9 @@ impl Searcher for Evolutionary {
         let mut stale = 0;
         let mutation = 1.5 / GENES as f64;
         for _ in 0..self.generations {
+            if ctx.expired() {
+                break;
+            }
             // Decode the generation and score its new layouts together (in parallel).
             let decoded: Vec<Option<Layout>> = pop.iter().map(|g| decode(ctx, g)).collect();
             let layouts: Vec<Layout> = decoded.iter().flatten().cloned().collect();

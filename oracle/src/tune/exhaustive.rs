@@ -299,6 +299,9 @@ impl Exhaustive {
         let Some((first_choice, most_saving, family)) = space.recompute_family(st) else {
             return (stats, out, 0);
         };
+        if ctx.expired() {
+            return (stats, out, family);
+        }
         let none = RecomputeChoice::NONE;
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
@@ -370,7 +373,7 @@ impl Exhaustive {
             .set_total((structures.len() + candidates.len()) as u64);
         let mut top = TopK::new(ctx.top_k);
         let mut next = 0;
-        while next < candidates.len() {
+        while next < candidates.len() && !ctx.expired() {
             let bar = match top.as_slice() {
                 t if t.len() >= ctx.top_k => known.max(t[t.len() - 1].tokens_per_second()),
                 _ => known,
@@ -445,6 +448,9 @@ impl Searcher for Exhaustive {
         let task = groups
             .par_iter()
             .map(|g| {
+                if ctx.expired() {
+                    return empty();
+                }
                 let t = self.run_group(ctx, g);
                 ctx.progress.step(1);
                 t

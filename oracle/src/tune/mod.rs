@@ -20,7 +20,7 @@
 //! with a benchmark-calibrated oracle.
 
 use std::cmp::Ordering;
-use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::Instant;
 
 use crate::compute::{AnalyticTimer, OpTimer};
@@ -108,9 +108,11 @@ pub struct TopK {
 
 impl TopK {
     pub fn new(k: usize) -> TopK {
+        // The list grows as candidates arrive: never allocate by the requested k.
+        let reserve = k.clamp(1, crate::bounds::limits::TOP_K as usize) + 1;
         TopK {
             k: k.max(1),
-            items: Vec::with_capacity(k.max(1) + 1),
+            items: Vec::with_capacity(reserve),
         }
     }
 
@@ -219,9 +221,26 @@ pub struct Context<'a> {
     /// The plan's reference layout (`spec.parallelism`), a starting point for the seed
     /// planner.
     pub reference: Option<&'a Layout>,
+    /// When the search must stop and report what it has ([`TuneOptions::deadline`]).
+    pub deadline: Option<Instant>,
+    /// Set once a searcher stopped at the deadline.
+    pub timed_out: AtomicBool,
 }
 
 impl Context<'_> {
+    /// Whether the deadline has passed (searchers check between units of work and stop,
+    /// keeping what they found); remembered for the result.
+    pub fn expired(&self) -> bool {
+        if self.timed_out.load(AtomicOrdering::Relaxed) {
+            return true;
+        }
+        let late = self.deadline.is_some_and(|d| Instant::now() >= d);
+        if late {
+            self.timed_out.store(true, AtomicOrdering::Relaxed);
+        }
+        late
+    }
+
     /// The time projection of a layout (rules checked by the projection).
     pub fn step_time(&self, l: &Layout) -> Result<StepTime, LayoutError> {
         projection::step_time_with(self.scenario, l, self.timer)
@@ -361,6 +380,9 @@ pub struct TuneOptions<'a> {
     pub top_k: Option<usize>,
     /// Live counters for a progress display.
     pub progress: Option<&'a Progress>,
+    /// Stop searching at this instant and report the best found so far
+    /// ([`TuneResult::timed_out`]); `None`: search to the end.
+    pub deadline: Option<Instant>,
 }
 
 impl Default for TuneOptions<'_> {
@@ -369,6 +391,7 @@ impl Default for TuneOptions<'_> {
             timer: &AnalyticTimer,
             top_k: None,
             progress: None,
+            deadline: None,
         }
     }
 }
@@ -448,9 +471,11 @@ pub fn tune(
         top_k,
         progress,
         reference: plan.layout.as_ref(),
+        deadline: opts.deadline,
+        timed_out: AtomicBool::new(false),
     };
     let outcome = searcher.search(&ctx);
-    let mut top = Vec::with_capacity(top_k);
+    let mut top = Vec::new();
     for c in non_dominated(&ctx, outcome.top).iter().take(top_k) {
         let p = projection::project_with(s, &c.layout, opts.timer).map_err(FieldError::from)?;
         top.push(Candidate::new(c.layout.clone(), p));
@@ -459,7 +484,7 @@ pub fn tune(
         let fits = r.projection.memory.peak_bytes <= filter.limit_bytes;
         (r, fits)
     });
-    Ok(TuneResult::assemble(
+    let mut result = TuneResult::assemble(
         searcher.kind(),
         top,
         outcome.stats,
@@ -467,7 +492,9 @@ pub fn tune(
         outcome.agent,
         &filter,
         start.elapsed().as_secs_f64(),
-    ))
+    );
+    result.timed_out = ctx.timed_out.load(AtomicOrdering::Relaxed);
+    Ok(result)
 }
 
 /// [`tune`] with the searcher of a kind (all but `agent`) and the analytic timer.

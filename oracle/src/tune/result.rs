@@ -120,6 +120,10 @@ pub struct TuneResult {
     /// The agent's counters (searcher `agent`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStats>,
+    /// The search stopped at its deadline ([`super::TuneOptions::deadline`]): the best found
+    /// so far, not necessarily the best of the space. Absent when the search ran to the end.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 impl TuneResult {
@@ -172,6 +176,7 @@ impl TuneResult {
             memory_band: filter.band,
             within_band,
             agent,
+            timed_out: false,
         }
     }
 }

@@ -261,6 +261,9 @@ impl SeedPlanner {
         });
         let recompute_order = [Recompute::None, Recompute::Selective, Recompute::Full];
         for st in &structures {
+            if ctx.expired() {
+                return None;
+            }
             for &mbs in &sp.micro_batch_size {
                 // Skip micro-batch sizes the rules reject without scoring them all.
                 let probe = sp.layout(st, mbs, RecomputeChoice::NONE);
@@ -337,6 +340,9 @@ impl SeedPlanner {
         for _ in 0..self.max_rounds {
             let mut improved = false;
             for axis in Axis::ALL {
+                if ctx.expired() {
+                    return current;
+                }
                 let mut best = current.clone();
                 let vs = variants(ctx, &current.layout, axis);
                 for c in Self::score_fitting(ctx, scorer, &vs).into_iter().flatten() {

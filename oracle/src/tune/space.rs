@@ -228,14 +228,16 @@ pub struct Space {
     balanced: BTreeMap<(u32, u32), PipelineLayout>,
 }
 
+/// The divisors of `n`, ascending. O(sqrt n): callers pass bounded values (a global batch,
+/// a GPU count, an expert count; [`crate::bounds::limits`]). `d <= n / d` never overflows.
 fn divisors(n: u64) -> Vec<u64> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut d = 1;
-    while d * d <= n {
+    while d <= n / d {
         if n.is_multiple_of(d) {
             small.push(d);
-            if d * d != n {
+            if d != n / d {
                 large.push(n / d);
             }
         }
@@ -248,6 +250,10 @@ fn divisors(n: u64) -> Vec<u64> {
 fn divisors_u32(n: u32) -> Vec<u32> {
     divisors(n as u64).into_iter().map(|d| d as u32).collect()
 }
+
+/// Most structures a search space may hold (the tuner keeps each, with its screening
+/// results, in memory).
+pub const MAX_STRUCTURES: usize = 1 << 19;
 
 const ALLOWED: &str = "spec.tuning.allowed";
 const FIXED: &str = "spec.tuning.fixed";
@@ -529,7 +535,7 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
-        Ok(Space {
+        let space = Space {
             balanced: balanced_layouts(m, &pp),
             tp,
             pp,
@@ -547,7 +553,17 @@ impl Space {
             gpus: s.cluster.gpus,
             layers: m.layers,
             mtp: m.mtp_layers,
-        })
+        };
+        let n = space.count_structures(s, MAX_STRUCTURES + 1);
+        if n > MAX_STRUCTURES {
+            return Err(FieldError::new(
+                "spec.tuning",
+                format!(
+                    "the search space holds more than {MAX_STRUCTURES} layout structures (tp, pp, vpp, cp, ep, etp, split, schedule, sharding): pin or narrow axes with spec.tuning.fixed or spec.tuning.allowed"
+                ),
+            ));
+        }
+        Ok(space)
     }
 
     /// Layer splits to try for `pp` stages of `vpp` chunks: the even split or the balanced
@@ -622,10 +638,25 @@ impl Space {
     }
 
     /// Every structure (layout less micro-batch size and recompute) of the space, in a stable
-    /// order. Only (tp, pp, cp) whose product divides the GPU count are combined.
+    /// order (at most [`MAX_STRUCTURES`]: [`Space::new`] refuses larger spaces). Only (tp, pp,
+    /// cp) whose product divides the GPU count are combined.
     pub fn structures(&self, s: &Scenario) -> Vec<Structure> {
-        let moe = s.model.moe.is_some();
         let mut out = Vec::new();
+        self.each_structure(s, MAX_STRUCTURES, |st| out.push(st));
+        out
+    }
+
+    /// How many structures the space holds, counting no further than `cap`.
+    fn count_structures(&self, s: &Scenario, cap: usize) -> usize {
+        let mut n = 0;
+        self.each_structure(s, cap, |_| n += 1);
+        n
+    }
+
+    /// Call `f` with each structure, in order, at most `cap` times.
+    fn each_structure(&self, s: &Scenario, cap: usize, mut f: impl FnMut(Structure)) {
+        let moe = s.model.moe.is_some();
+        let mut seen = 0usize;
         for &tp in &self.tp {
             for &pp in &self.pp {
                 for &cp in &self.cp {
@@ -639,7 +670,11 @@ impl Space {
                                 for &ep in &self.ep {
                                     for etp in self.etp_values(tp, moe) {
                                         for &sharding in &self.sharding {
-                                            out.push(Structure {
+                                            if seen == cap {
+                                                return;
+                                            }
+                                            seen += 1;
+                                            f(Structure {
                                                 tp,
                                                 pp,
                                                 vpp,
@@ -659,7 +694,6 @@ impl Space {
                 }
             }
         }
-        out
     }
 
     /// The layout of a structure with a micro-batch size and recompute choice.

@@ -1,0 +1,117 @@
+//! Schedules of more than [`super::MAX_PASSES`] passes (or the simulator's own budget), in memory independent of the micro-batch
+//! count. Past its warm-up a 1F1B-family (or ZB-H1) schedule repeats every few micro-batch
+//! groups, each repeat shifting every later time by the same amount, so every result the
+//! projection reads (each rank's end, busy time, message waits and first forward, each
+//! virtual stage's last backward) is affine in the micro-batch count `m` along `m1 + k*P`.
+//! Three runs `P` micro-batches apart measure the slope and check that it holds (equal
+//! differences); the results at `m` follow from the first run and the slope. When the three
+//! runs do not fit in the budget, or the differences disagree, the schedule is
+//! [`ScheduleError::TooLarge`].
+
+use super::{LastBackward, RankTimeline, ScheduleError, ScheduleSummary, Simulator, StageCosts};
+use crate::layout::Schedule;
+
+/// Micro-batch groups (of `pp` micro-batches) in one extrapolation step: a multiple of every
+/// steady-state cyclicity up to 4 (the shortcut's `MAX_CYCLICITY`) and of 6.
+const GROUPS_PER_STEP: usize = 12;
+/// Steps of warm-up simulated before the three measured runs: a few first (a 1F1B-family
+/// warm-up is shorter than one step unless vpp >= 12), more when the differences disagree.
+const WARMUP_STEPS: [usize; 2] = [3, 12];
+/// Relative disagreement between the two measured differences still taken as equal.
+const TOLERANCE: f64 = 1e-9;
+
+/// The results one run leaves, as plain numbers in a fixed order.
+fn snapshot(sim: &Simulator) -> Vec<f64> {
+    let mut v = Vec::with_capacity(4 * sim.ranks.len() + 2 * sim.last_backward.len());
+    for r in &sim.ranks {
+        v.extend([r.end, r.busy, r.p2p_wait, r.first_forward_end]);
+    }
+    for b in &sim.last_backward {
+        v.extend([b.start, b.end]);
+    }
+    v
+}
+
+impl Simulator {
+    /// Results at `m` micro-batches from three runs at `m1`, `m1 + P`, `m1 + 2P` (`P` =
+    /// [`GROUPS_PER_STEP`] groups, `m1` congruent to `m` modulo `P`).
+    pub(super) fn extrapolate(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        (pp, vpp): (usize, usize),
+        m: usize,
+    ) -> Result<ScheduleSummary, ScheduleError> {
+        let too_large = ScheduleError::TooLarge { pp, vpp, m };
+        let nvs = pp * vpp;
+        let step = GROUPS_PER_STEP * pp;
+        // Most micro-batches one run may simulate.
+        let most = (self.budget() / (2 * nvs as u64)) as usize;
+        let room = most.checked_sub(2 * step).ok_or(too_large.clone())?;
+        let rest = m % step;
+        let fit = room.saturating_sub(rest) / step;
+        for warmup in WARMUP_STEPS {
+            let steps = warmup.min(fit);
+            if steps == 0 || m < rest + (steps + 2) * step {
+                break;
+            }
+            if let Some(summary) =
+                self.extrapolate_from(schedule, c, (pp, vpp), m, rest + steps * step)?
+            {
+                return Ok(summary);
+            }
+            if steps == fit {
+                break;
+            }
+        }
+        Err(too_large)
+    }
+
+    /// [`Simulator::extrapolate`] from runs at `m1`, `m1 + P`, `m1 + 2P`; `None` when their
+    /// differences disagree (no steady state yet).
+    fn extrapolate_from(
+        &mut self,
+        schedule: Schedule,
+        c: &StageCosts,
+        (pp, vpp): (usize, usize),
+        m: usize,
+        m1: usize,
+    ) -> Result<Option<ScheduleSummary>, ScheduleError> {
+        let nvs = pp * vpp;
+        let step = GROUPS_PER_STEP * pp;
+        let mut runs = Vec::with_capacity(3);
+        for k in 0..3 {
+            self.simulate_exact(schedule, c, (pp, vpp), m1 + k * step, false)?;
+            runs.push(snapshot(self));
+        }
+        let makespan = runs[2].chunks(4).take(pp).map(|r| r[0]).fold(0.0, f64::max);
+        let tol = TOLERANCE * makespan.abs().max(f64::MIN_POSITIVE);
+        let steps_to_m = ((m - m1) / step) as f64;
+        let mut at_m = Vec::with_capacity(runs[0].len());
+        for ((a, b), c3) in runs[0].iter().zip(&runs[1]).zip(&runs[2]) {
+            let (d1, d2) = (b - a, c3 - b);
+            if !(d1 - d2).abs().le(&tol) {
+                return Ok(None);
+            }
+            at_m.push(a + steps_to_m * (c3 - a) / 2.0);
+        }
+        for (r, v) in self.ranks.iter_mut().zip(at_m.chunks(4)) {
+            *r = RankTimeline {
+                end: v[0],
+                busy: v[1],
+                p2p_wait: v[2],
+                first_forward_end: v[3],
+            };
+        }
+        for (b, v) in self.last_backward.iter_mut().zip(at_m[4 * pp..].chunks(2)) {
+            *b = LastBackward {
+                start: v[0],
+                end: v[1],
+            };
+        }
+        // Waits are now in the ranks, not computed from the (shorter) cached plan.
+        self.planned = false;
+        self.filled = (2 * nvs).saturating_mul(m - (m1 + 2 * step));
+        Ok(Some(self.summarize()))
+    }
+}
