@@ -108,7 +108,7 @@ fn operator_decide_path_cases() {
     let catalog = Arc::new(Catalog::builtin().expect("built-in profiles"));
     Cases {
         entry: "operator decide path (validate, choose_within, decide::chosen)",
-        cases: hostile::cases(300),
+        cases: hostile::cases(100),
         budget: BUDGET,
     }
     .run(inputs::plan_spec(), move |(spec, depth)| {

@@ -80,7 +80,7 @@ fn webhook_handle_cases() {
     let strict = Arc::new(common::strict_validator());
     Cases {
         entry: "webhook handle: PyTorchJob (annotations, Megatron args, replicas)",
-        cases: hostile::cases(800),
+        cases: hostile::cases(250),
         budget: BUDGET,
     }
     .run(inputs::pytorchjob(), move |job| {
@@ -91,7 +91,7 @@ fn webhook_handle_cases() {
     let v = Arc::new(common::validator());
     Cases {
         entry: "webhook handle: TrainingPlan",
-        cases: hostile::cases(800),
+        cases: hostile::cases(250),
         budget: BUDGET,
     }
     .run(inputs::plan_spec(), move |(spec, depth)| {
