@@ -174,6 +174,11 @@ struct Args {
     )]
     budget_seconds: Duration,
 
+    /// Admission reviews evaluated at once; beyond it a review is answered at once with HTTP
+    /// 429 and the API server applies the webhook's failurePolicy.
+    #[arg(long, env = "PRIMUS_WEBHOOK_MAX_IN_FLIGHT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_in_flight: u32,
+
     /// Time the nearest-layout search of a denial may take, seconds.
     #[arg(
         long,
@@ -288,6 +293,7 @@ fn build_state(args: &Args) -> Result<Arc<State>> {
         ready: AtomicBool::new(false),
         max_body_bytes: args.max_body_bytes,
         budget: args.budget_seconds,
+        slots: Arc::new(tokio::sync::Semaphore::new(args.max_in_flight as usize)),
     }))
 }
 
@@ -442,6 +448,7 @@ async fn serve(
         background.push(tokio::spawn(server::serve_plain(
             plain,
             state.clone(),
+            primus_runtime::http::HEADER_READ_TIMEOUT,
             wait_stop(stop_rx.clone()),
         )));
     }

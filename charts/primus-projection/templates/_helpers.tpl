@@ -90,6 +90,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "primus.componentName" (dict "root" . "component" "operator")) .Values.operator.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The Secret holding the operator's benchmark-report key (in the release namespace). */}}
+{{- define "primus.operator.reportKeySecret" -}}
+{{- default (include "primus.componentName" (dict "root" . "component" "operator-report-key")) .Values.operator.reportKeySecret }}
+{{- end }}
+
 {{/* The ValidatingWebhookConfiguration's name (cluster-scoped: the release name keeps it unique). */}}
 {{- define "primus.webhook.configurationName" -}}
 {{- include "primus.fullname" . }}

@@ -463,12 +463,11 @@ fn the_operator_and_benchmark_pods_work_under_the_chart_rbac_alone() {
         }
     }
     let _op = Kill(&mut op, &log);
-    let bench_bed = TestBed {
-        kubeconfig: bench_cfg.clone(),
-        ca: tb.ca.clone(),
-    };
-    let _agent = NodeAgent::start(
-        &bench_bed,
+    // The agent plays the kubelet (admin: it reads the pods' Secrets); the benchmark process
+    // acts as the benchmark service account.
+    let _agent = NodeAgent::start_with(
+        &tb,
+        &bench_cfg,
         &ns.name,
         "app.kubernetes.io/component=benchmark",
     );

@@ -36,7 +36,8 @@ fn perm(group: &str, resource: &str, verb: &str) -> Perm {
 /// (group, resource) of a typed `Api<T>`.
 fn resource_of_type(t: &str) -> Option<(&'static str, &'static str)> {
     Some(match t {
-        "TrainingPlan" => ("primus.dev", "trainingplans"),
+        // The operator's plans, decoded object by object (operator/src/decoded.rs).
+        "TrainingPlan" | "PlanObject" => ("primus.dev", "trainingplans"),
         "BenchmarkReport" => ("primus.dev", "benchmarkreports"),
         "Pod" => ("", "pods"),
         "Secret" => ("", "secrets"),
