@@ -184,7 +184,11 @@ pub fn plan(a: &Args, c: &Catalog) -> Result<(Value, Vec<String>), CliError> {
         .ok_or_else(|| CliError::Input(format!("--gpu: unknown GPU profile {gpu}")))?
         .gpus_per_node;
     let gpus = a.gpus.unwrap_or(per_node);
-    let stem = a.file.file_stem().and_then(|s| s.to_str()).unwrap_or("plan");
+    let stem = a
+        .file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("plan");
     let name = a.name.clone().unwrap_or_else(|| kube_name(stem));
     let mut spec = json!({
         "model": model,
@@ -217,8 +221,9 @@ pub fn run(a: &Args) -> Result<(), CliError> {
         eprintln!("primus import: {n}");
     }
     match &a.out {
-        Some(p) => std::fs::write(p, text)
-            .map_err(|e| CliError::Failed(format!("{}: {e}", p.display()))),
+        Some(p) => {
+            std::fs::write(p, text).map_err(|e| CliError::Failed(format!("{}: {e}", p.display())))
+        }
         None => {
             print!("{text}");
             Ok(())
@@ -232,7 +237,10 @@ mod tests {
 
     #[test]
     fn file_stems_become_kubernetes_names() {
-        assert_eq!(kube_name("llama3.1_70B-BF16-pretrain"), "llama3-1-70b-bf16-pretrain");
+        assert_eq!(
+            kube_name("llama3.1_70B-BF16-pretrain"),
+            "llama3-1-70b-bf16-pretrain"
+        );
         assert_eq!(kube_name("__"), "imported");
     }
 }

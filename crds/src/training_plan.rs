@@ -119,8 +119,9 @@ pub struct JobSpec {
     /// Name of the job (default: the plan's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// The kind of job written: `PyTorchJob` (kubeflow.org/v1, the default) or `TrainJob`
-    /// (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1, run by a training runtime).
+    /// The kind of job written: `PyTorchJob` (kubeflow.org/v1, the default). `TrainJob`
+    /// (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) is reserved: this version stalls
+    /// the plan naming the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<JobKind>,
     /// What the container runs: `megatron` (the default: Megatron-LM with the layout as
@@ -133,8 +134,8 @@ pub struct JobSpec {
     /// `examples/megatron/exp_pretrain.yaml`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
-    /// With `kind: TrainJob`: the training runtime (default the ClusterTrainingRuntime
-    /// `torch-distributed`).
+    /// With `kind: TrainJob` (reserved): the training runtime (default the
+    /// ClusterTrainingRuntime `torch-distributed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_ref: Option<RuntimeRef>,
 }

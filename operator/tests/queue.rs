@@ -87,7 +87,10 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     // Queue and scheduling fields passed from the template.
     let meta = serde_json::to_value(&job.metadata).unwrap();
     assert_eq!(meta["labels"]["kueue.x-k8s.io/queue-name"], "team-a");
-    assert_eq!(meta["annotations"]["scheduling.volcano.sh/queue-name"], "team-a");
+    assert_eq!(
+        meta["annotations"]["scheduling.volcano.sh/queue-name"],
+        "team-a"
+    );
     assert_eq!(meta["annotations"]["primus.dev/suspend-applied"], "false");
     let spec = &job.data["spec"];
     assert_eq!(
@@ -114,7 +117,15 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     }));
     let c = condition(&plan, "JobCreated").unwrap();
     assert!(c.message.contains("waits in queue team-a"), "{}", c.message);
-    assert!(plan.status.as_ref().unwrap().job.as_ref().unwrap().suspended);
+    assert!(
+        plan.status
+            .as_ref()
+            .unwrap()
+            .job
+            .as_ref()
+            .unwrap()
+            .suspended
+    );
     hold(&rt, &op, &k, &ns.name, &jobs, Some(true));
 
     // The queue admits it and resumes it: left running.
@@ -142,26 +153,34 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
         "-p",
         r#"{"spec":{"job":{"suspend":true}}}"#,
     ]);
-    let job = rt.block_on(poll(Duration::from_secs(30), "suspended by the plan", || {
-        let jobs = jobs.clone();
-        async move {
-            jobs.get("queued")
-                .await
-                .ok()
-                .filter(|j| suspend_of(j) == Some(true))
-        }
-    }));
+    let job = rt.block_on(poll(
+        Duration::from_secs(30),
+        "suspended by the plan",
+        || {
+            let jobs = jobs.clone();
+            async move {
+                jobs.get("queued")
+                    .await
+                    .ok()
+                    .filter(|j| suspend_of(j) == Some(true))
+            }
+        },
+    ));
     let ann = job.metadata.annotations.as_ref().unwrap();
     assert_eq!(ann["primus.dev/suspend-applied"], "true");
-    rt.block_on(poll(Duration::from_secs(30), "JobCreated=Suspended", || {
-        let client = client.clone();
-        let ns = ns.name.clone();
-        async move {
-            get_plan(&client, &ns, "queued")
-                .await
-                .filter(|p| condition(p, "JobCreated").is_some_and(|c| c.reason == "Suspended"))
-        }
-    }));
+    rt.block_on(poll(
+        Duration::from_secs(30),
+        "JobCreated=Suspended",
+        || {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                get_plan(&client, &ns, "queued")
+                    .await
+                    .filter(|p| condition(p, "JobCreated").is_some_and(|c| c.reason == "Suspended"))
+            }
+        },
+    ));
     // Someone else resumes it while the plan still says suspend: not reverted either.
     rt.block_on(queue_sets(&jobs, false));
     hold(&rt, &op, &k, &ns.name, &jobs, Some(false));
@@ -193,11 +212,18 @@ fn hold(
         ]);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while op.reconciles() <= before {
-            assert!(std::time::Instant::now() < deadline, "no pass after a touch");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no pass after a touch"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         let j = rt.block_on(jobs.get("queued")).unwrap();
-        assert_eq!(suspend_of(&j), want, "pass {i}: the operator changed runPolicy.suspend");
+        assert_eq!(
+            suspend_of(&j),
+            want,
+            "pass {i}: the operator changed runPolicy.suspend"
+        );
         let owners: Vec<String> = j
             .metadata
             .managed_fields

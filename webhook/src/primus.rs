@@ -34,10 +34,9 @@ pub fn read(c: &Container) -> Option<Job> {
 /// the experiment's file name); `Err(line)` says what to add.
 pub fn model(job: &Job, catalog: &Catalog) -> Result<ModelCard, String> {
     match job.card() {
-        Some(Ok(card)) => catalog
-            .model(card)
-            .cloned()
-            .ok_or_else(|| format!("model: the card {card} of the Primus preset is not in the catalog")),
+        Some(Ok(card)) => catalog.model(card).cloned().ok_or_else(|| {
+            format!("model: the card {card} of the Primus preset is not in the catalog")
+        }),
         Some(Err(name)) => Err(format!(
             "model: the Primus preset {name} has no built-in card (presets with one: {}); annotate {} with a preset or {} with a card",
             primus::presets::PRESETS
@@ -147,7 +146,13 @@ mod tests {
         assert!(m.contains("sets no global_batch_size ("), "{m}");
         assert!(!m.contains("seq_length"), "{m}");
         // Not a Primus command.
-        assert!(read(&container("torchrun pretrain_gpt.py --tensor-model-parallel-size 2", &[])).is_none());
+        assert!(
+            read(&container(
+                "torchrun pretrain_gpt.py --tensor-model-parallel-size 2",
+                &[]
+            ))
+            .is_none()
+        );
         // No preset: the line says how to name one.
         let c = container("primus-cli direct -- train pretrain --config exp.yaml", &[]);
         let e = model(&read(&c).unwrap(), &catalog).unwrap_err();
@@ -156,8 +161,14 @@ mod tests {
 
     #[test]
     fn flags_are_named_as_primus_keys() {
-        assert_eq!(key("--tensor-model-parallel-size"), "tensor_model_parallel_size");
-        assert_eq!(key("world size (replicas x nprocPerNode)"), "world size (replicas x nprocPerNode)");
+        assert_eq!(
+            key("--tensor-model-parallel-size"),
+            "tensor_model_parallel_size"
+        );
+        assert_eq!(
+            key("world size (replicas x nprocPerNode)"),
+            "world size (replicas x nprocPerNode)"
+        );
         assert_eq!(
             overrides_text("--pipeline-model-parallel-size 8 --recompute-granularity full"),
             "--pipeline_model_parallel_size 8 --recompute_granularity full"

@@ -373,7 +373,8 @@ pub fn derive_spec(
     if !missing.is_empty() {
         return Err(DeriveError::Missing(missing));
     }
-    let (Ok(model), Ok(training), Ok(gpu), Some(mut layout)) = (model, training, gpu, layout) else {
+    let (Ok(model), Ok(training), Ok(gpu), Some(mut layout)) = (model, training, gpu, layout)
+    else {
         return Err(DeriveError::Missing(vec![
             "the job could not be derived".into(),
         ]));

@@ -130,7 +130,10 @@ fn amds_example_is_admitted_as_written_and_denied_without_sharded_state() {
     assert!(allowed(&v), "{v}");
     assert_eq!(audit(&v, "layout-source"), "primus", "{v}");
     assert!(audit(&v, "layout").contains("EP8"), "{v}");
-    assert!(audit(&v, "predicted-gib").parse::<f64>().unwrap() < 190.6, "{v}");
+    assert!(
+        audit(&v, "predicted-gib").parse::<f64>().unwrap() < 190.6,
+        "{v}"
+    );
 
     // Llama 3.1 70B as AMD wrote it: TP1 PP1, FSDP2, full recompute of all 80 layers,
     // micro-batch 3, global batch 24, 8192 tokens (oracle/tests/primus.rs reads the same
@@ -138,7 +141,12 @@ fn amds_example_is_admitted_as_written_and_denied_without_sharded_state() {
     // that layout, and its verdict the model's band rule. (The model predicts 237 GiB, over
     // the 211.6 GiB it denies above on MI300X, although AMD publishes the experiment for one
     // MI300X node: a finding about the model's FSDP2 accounting, not about reading Primus.)
-    let v = post(&w, &ca, "/validate/pytorchjob", &primus_job("as-written", &experiment_words(EXP), &[]));
+    let v = post(
+        &w,
+        &ca,
+        "/validate/pytorchjob",
+        &primus_job("as-written", &experiment_words(EXP), &[]),
+    );
     let want = Layout {
         micro_batch_size: 3,
         recompute: Recompute::Full,
@@ -161,7 +169,10 @@ fn amds_example_is_admitted_as_written_and_denied_without_sharded_state() {
     // grad_reduce_in_bf16 is the one memory setting the experiment leaves to Primus's
     // defaults: assumed at its most saving, and said.
     let ws = warnings(&v).join("\n");
-    assert!(ws.contains("leaves grad_reduce_in_bf16 to the experiment YAML"), "{ws}");
+    assert!(
+        ws.contains("leaves grad_reduce_in_bf16 to the experiment YAML"),
+        "{ws}"
+    );
 
     // The same experiment with the layout from PRIMUS_* variables and the optimizer state
     // neither sharded (no FSDP2, no distributed optimizer): 70.6e9 parameters x 18 bytes
@@ -181,14 +192,23 @@ fn amds_example_is_admitted_as_written_and_denied_without_sharded_state() {
     let job = primus_job(
         "unsharded",
         &overrides,
-        &[("PRIMUS_TP", "1"), ("PRIMUS_PP", "1"), ("PRIMUS_SEQ_LENGTH", "8192")],
+        &[
+            ("PRIMUS_TP", "1"),
+            ("PRIMUS_PP", "1"),
+            ("PRIMUS_SEQ_LENGTH", "8192"),
+        ],
     );
     let v = post(&w, &ca, "/validate/pytorchjob", &job);
     assert!(!allowed(&v), "{v}");
     let m = message(&v);
     assert!(m.contains("GiB usable on MI300X"), "{m}");
     assert!(m.starts_with("predicted "), "{m}");
-    let predicted: f64 = m["predicted ".len()..].split(' ').next().unwrap().parse().unwrap();
+    let predicted: f64 = m["predicted ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(predicted > 1000.0, "{m}");
     // Fixes are Primus overrides, not Megatron flags.
     assert!(m.contains("fits with --") || m.contains("no layout"), "{m}");
@@ -209,7 +229,10 @@ fn a_layout_left_to_the_experiment_cannot_be_checked_and_strict_denies_it() {
     let v = post(&w, &ca, "/validate/pytorchjob", &job);
     assert!(allowed(&v), "{v}");
     let ws = warnings(&v).join("\n");
-    assert!(ws.contains("the Primus command line sets no tensor_model_parallel_size"), "{ws}");
+    assert!(
+        ws.contains("the Primus command line sets no tensor_model_parallel_size"),
+        "{ws}"
+    );
     let v = post(&w, &ca, "/validate/pytorchjob/strict", &job);
     assert!(!allowed(&v), "{v}");
     assert!(message(&v).contains("global_batch_size"), "{v}");
@@ -250,14 +273,35 @@ fn a_primus_job_the_writer_emits_derives_back_to_the_plans_layout() {
         let mut v = serde_json::to_value(&job).unwrap();
         let c = &v["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0];
         assert_eq!(c["image"], "docker.io/rocm/primus:v26.3");
-        let cmd: Vec<&str> = c["command"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+        let cmd: Vec<&str> = c["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
         assert_eq!(
             cmd,
-            ["primus-cli", "direct", "--", "train", "pretrain", "--config", "examples/megatron/exp_pretrain.yaml"]
+            [
+                "primus-cli",
+                "direct",
+                "--",
+                "train",
+                "pretrain",
+                "--config",
+                "examples/megatron/exp_pretrain.yaml"
+            ]
         );
         let args = c["args"].as_array().unwrap();
-        assert!(args.iter().any(|a| a == "--tensor_model_parallel_size"), "{args:?}");
-        assert!(!args.iter().any(|a| a.as_str().unwrap().starts_with("--tensor-model")), "{args:?}");
+        assert!(
+            args.iter().any(|a| a == "--tensor_model_parallel_size"),
+            "{args:?}"
+        );
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.as_str().unwrap().starts_with("--tensor-model")),
+            "{args:?}"
+        );
         // Without the operator's annotations the webhook reads the overrides alone.
         v["metadata"]["annotations"] = json!({});
         let a = post(&w, &ca, "/validate/pytorchjob", &v);
@@ -267,7 +311,10 @@ fn a_primus_job_the_writer_emits_derives_back_to_the_plans_layout() {
         assert_eq!(audit(&a, "predicted-gib"), gib1(peak), "{a}");
         let ws = warnings(&a).join("\n");
         assert!(!ws.contains("cannot check"), "{ws}");
-        assert!(!ws.contains("most memory-saving"), "everything is on the command line: {ws}");
+        assert!(
+            !ws.contains("most memory-saving"),
+            "everything is on the command line: {ws}"
+        );
     }
     w.stop(std::time::Duration::from_secs(5));
 }

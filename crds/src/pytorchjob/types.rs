@@ -273,7 +273,10 @@ impl PyTorchJob {
     /// queue-name annotation, or `runPolicy.schedulingPolicy.queue`.
     pub fn queue(&self) -> Option<String> {
         let m = &self.metadata;
-        let label = m.labels.as_ref().and_then(|l| l.get(annotations::KUEUE_QUEUE));
+        let label = m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(annotations::KUEUE_QUEUE));
         let ann = m
             .annotations
             .as_ref()
@@ -284,11 +287,7 @@ impl PyTorchJob {
             .as_ref()
             .and_then(|r| r.scheduling_policy.as_ref())
             .and_then(|p| p.queue.as_ref());
-        label
-            .or(ann)
-            .or(policy)
-            .filter(|q| !q.is_empty())
-            .cloned()
+        label.or(ann).or(policy).filter(|q| !q.is_empty()).cloned()
     }
 
     /// The layout the job says it runs (its `primus.dev/layout` annotation).

@@ -346,9 +346,17 @@ fn primus_command(container: &mut Container, from_user: bool, experiment: &str) 
         return;
     }
     container.command = Some(
-        ["primus-cli", "direct", "--", "train", "pretrain", "--config", experiment]
-            .map(str::to_string)
-            .to_vec(),
+        [
+            "primus-cli",
+            "direct",
+            "--",
+            "train",
+            "pretrain",
+            "--config",
+            experiment,
+        ]
+        .map(str::to_string)
+        .to_vec(),
     );
     if !from_user {
         container.args = Some(PRIMUS_EXTRA_ARGS.iter().map(|a| a.to_string()).collect());

@@ -429,16 +429,31 @@ fn queue_and_scheduling_fields_pass_from_the_template_to_the_job() {
         panic!("{action:?}")
     };
     let v = serde_json::to_value(&j).unwrap();
-    assert_eq!(v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "team-a");
-    assert_eq!(v["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"], "vq");
-    assert_eq!(v["metadata"]["annotations"]["primus.dev/suspend-applied"], "false");
+    assert_eq!(
+        v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+        "team-a"
+    );
+    assert_eq!(
+        v["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"],
+        "vq"
+    );
+    assert_eq!(
+        v["metadata"]["annotations"]["primus.dev/suspend-applied"],
+        "false"
+    );
     let rp = &v["spec"]["runPolicy"];
-    assert_eq!(rp["schedulingPolicy"], json!({"queue": "vq", "priorityClass": "high"}));
+    assert_eq!(
+        rp["schedulingPolicy"],
+        json!({"queue": "vq", "priorityClass": "high"})
+    );
     assert!(rp.get("suspend").is_none(), "{rp}");
     let pod = &v["spec"]["pytorchReplicaSpecs"]["Master"]["template"];
     assert_eq!(pod["spec"]["priorityClassName"], "high");
     assert_eq!(pod["spec"]["schedulerName"], "volcano");
-    assert_eq!(pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "g");
+    assert_eq!(
+        pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+        "g"
+    );
     assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
 }
 

@@ -150,12 +150,20 @@ mod tests {
         assert_eq!(suspend_change(Some(false), false, false), None);
         assert_eq!(suspend_change(Some(true), true, false), None);
         // Changed: passed on.
-        let set = |s, a| Some(Action::Suspend {
-            suspend: s,
-            applied: a,
-        });
-        assert_eq!(suspend_change(Some(true), false, false), set(Some(false), false));
-        assert_eq!(suspend_change(Some(false), true, false), set(Some(true), true));
+        let set = |s, a| {
+            Some(Action::Suspend {
+                suspend: s,
+                applied: a,
+            })
+        };
+        assert_eq!(
+            suspend_change(Some(true), false, false),
+            set(Some(false), false)
+        );
+        assert_eq!(
+            suspend_change(Some(false), true, false),
+            set(Some(true), true)
+        );
         // A running job is not suspended; the change is recorded.
         assert_eq!(suspend_change(Some(false), true, true), set(None, true));
         // No record: adopted, its suspend left.

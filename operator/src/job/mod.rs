@@ -15,7 +15,7 @@
 //! at most one change) -> [`apply`].
 
 use primus_crds::pytorchjob::{JobOptions, pytorchjob};
-use primus_crds::{JobStatus, PyTorchJob, TrainingPlan, annotations};
+use primus_crds::{JobKind, JobStatus, PyTorchJob, TrainingPlan, annotations};
 use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 
@@ -117,6 +117,12 @@ pub fn desired(
     projected_tokens_per_second: f64,
 ) -> Result<PyTorchJob, primus_oracle::FieldError> {
     let job = plan_obj.spec.job.clone().unwrap_or_default();
+    if job.kind == Some(JobKind::TrainJob) {
+        return Err(primus_oracle::FieldError::new(
+            "spec.job.kind",
+            "TrainJob is not written by this operator version yet: use PyTorchJob (the default)",
+        ));
+    }
     let opts = JobOptions {
         name: Some(job_name(plan_obj)),
         suspend: job.suspend == Some(true),
