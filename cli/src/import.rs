@@ -158,10 +158,10 @@ fn model_of(r: &Recipe, c: &Catalog) -> Result<(Value, ModelCard), CliError> {
         if changed == card {
             return Ok((json!({"preset": name}), card));
         }
-        return Ok((serde_json::to_value(&changed).unwrap_or_default(), changed));
+        return Ok((json!({"card": changed}), changed));
     }
     match r.args.model_card()? {
-        Some(card) => Ok((serde_json::to_value(&card).unwrap_or_default(), card)),
+        Some(card) => Ok((json!({"card": card}), card)),
         None => Err(CliError::Input(
             "model: the recipe names no preset with a built-in card and gives no complete architecture (--num-layers --hidden-size --num-attention-heads --vocab-size)".into(),
         )),
