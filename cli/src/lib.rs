@@ -14,6 +14,7 @@ use primus_oracle::profiles::Catalog;
 
 pub mod agent;
 pub mod bench;
+pub mod import;
 pub mod kube;
 pub mod memory;
 pub mod profiles;

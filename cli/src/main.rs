@@ -34,6 +34,9 @@ enum Command {
     Validate(cli::validate::Args),
     /// Draw the pipeline schedule of the plan's layout as an SVG.
     Timeline(cli::timeline::Args),
+    /// Turn a Primus experiment YAML (with overrides) or a Megatron command line into a
+    /// TrainingPlan.
+    Import(cli::import::Args),
     /// Report measured throughput of a running job to its TrainingPlan (`status.measured`).
     Report(cli::report::Args),
     /// Search the plan's layouts (memory pre-filter, then projection) and report the best, or
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => cli::validate::run(a),
         Command::Timeline(a) => cli::timeline::run(a),
         Command::Tune(a) => cli::tune::run(a),
+        Command::Import(a) => cli::import::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

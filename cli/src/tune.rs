@@ -463,6 +463,15 @@ pub fn run(args: &Args) -> Result<(), CliError> {
                     .unwrap_or(false),
             projected_tokens_per_second: Some(best.tokens_per_second()),
             inline_model_card: !preset,
+            launcher: job_spec
+                .get("launcher")
+                .cloned()
+                .and_then(|l| serde_json::from_value(l).ok())
+                .unwrap_or_default(),
+            experiment: job_spec
+                .get("experiment")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         };
         let job = pytorchjob(
             &p.name,

@@ -17,6 +17,18 @@ pub const GPU: &str = "primus.dev/gpu";
 /// Job annotation: training settings (JSON: seqLength, globalBatchSize, precision).
 pub const TRAINING: &str = "primus.dev/training";
 
+/// Job annotation: the plan's `spec.job.suspend` ("true" or "false") as the operator last
+/// applied it to the job's `runPolicy.suspend`. The operator writes `runPolicy.suspend` when it
+/// creates the job and again only when `spec.job.suspend` differs from this value, so another
+/// manager's suspend or resume (a queue controller such as Kueue) is never reverted.
+pub const SUSPEND_APPLIED: &str = "primus.dev/suspend-applied";
+
+/// Job label of Kueue: the LocalQueue the job is submitted to (Kueue suspends the job until
+/// the queue admits it).
+pub const KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
+/// Job or pod annotation of Volcano: the queue the job is scheduled in.
+pub const VOLCANO_QUEUE: &str = "scheduling.volcano.sh/queue-name";
+
 /// BenchmarkReport annotation: the benchmark pod's signature of the report
 /// (`v1.<attempt>.<hex HMAC-SHA256>`, see [`crate::provenance`]).
 pub const REPORT_SIGNATURE: &str = "primus.dev/report-signature";

@@ -21,9 +21,9 @@ pub mod validate;
 pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
 pub use pytorchjob::PyTorchJob;
 pub use training_plan::{
-    BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobSpec, JobStatus, LayoutSummary,
-    MeasuredThroughput, Phase, PrometheusSource, SearchSummary, TrainingPlan, TrainingPlanSpec,
-    TrainingPlanStatus,
+    BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobKind, JobSpec, JobStatus, Launcher,
+    LayoutSummary, MeasuredThroughput, Phase, PrometheusSource, RuntimeRef, SearchSummary,
+    TrainingPlan, TrainingPlanSpec, TrainingPlanStatus,
 };
 pub use validate::Runner;
 

@@ -125,9 +125,62 @@ pub struct JobSpec {
     /// Create the job suspended (`runPolicy.suspend: true`) so a human can review it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<bool>,
-    /// Name of the PyTorchJob (default: the plan's name).
+    /// Name of the job (default: the plan's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The kind of job written: `PyTorchJob` (kubeflow.org/v1, the default). `TrainJob`
+    /// (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) is reserved: this version stalls
+    /// the plan naming the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<JobKind>,
+    /// What the container runs: `megatron` (the default: Megatron-LM with the layout as
+    /// flags) or `primus` (AMD's `primus-cli ... -- train pretrain --config EXPERIMENT` with
+    /// the layout as Primus overrides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<Launcher>,
+    /// With `launcher: primus`: the experiment YAML (a path in the image) when the template's
+    /// container runs no Primus command of its own (default
+    /// `examples/megatron/exp_pretrain.yaml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+    /// With `kind: TrainJob` (reserved): the training runtime (default the
+    /// ClusterTrainingRuntime `torch-distributed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_ref: Option<RuntimeRef>,
+}
+
+/// The kind of job the operator writes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum JobKind {
+    /// kubeflow.org/v1 PyTorchJob (Kubeflow training operator v1).
+    #[default]
+    PyTorchJob,
+    /// trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2).
+    TrainJob,
+}
+
+/// What the job's container runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// Megatron-LM (`pretrain_gpt.py`) with the layout as flags.
+    #[default]
+    Megatron,
+    /// AMD's Primus (`primus-cli`) with the layout as overrides.
+    Primus,
+}
+
+/// A TrainJob's training runtime.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[schemars(transform = primus_oracle::bounds::schema::<RuntimeRef>)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeRef {
+    /// Name of the runtime (default `torch-distributed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `ClusterTrainingRuntime` (the default) or `TrainingRuntime` (in the plan's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// Projection drift settings.

@@ -25,7 +25,9 @@ use primus_oracle::report::Backend;
 use primus_oracle::tune::Space;
 
 use crate::pytorchjob;
-use crate::training_plan::{BenchmarkSpec, DriftSpec, JobSpec, PrometheusSource, TrainingPlanSpec};
+use crate::training_plan::{
+    BenchmarkSpec, DriftSpec, JobSpec, PrometheusSource, RuntimeRef, TrainingPlanSpec,
+};
 
 /// Who runs the plan's search: the cluster (operator and webhook) does not run the `agent`
 /// searcher (it needs an LLM endpoint; issue 17), the CLI does.
@@ -87,10 +89,26 @@ impl Bounded for BenchmarkSpec {
 
 /// Job settings, bounded (the template is checked by the job writer).
 impl Bounded for JobSpec {
-    const BOUNDS: &'static [Bound<Self>] =
-        &[Bound::matching("name", 63, patterns::DNS_LABEL, |j| {
-            j.name.as_ref().into()
-        })];
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::matching("name", 63, patterns::DNS_LABEL, |j| j.name.as_ref().into()),
+        Bound::text("experiment", limits::TEXT, |j| j.experiment.as_ref().into()),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        match &self.runtime_ref {
+            Some(r) => bounds::check(r, &bounds::path(at, "runtimeRef")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A TrainJob's runtime reference, bounded.
+impl Bounded for RuntimeRef {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("name", limits::NAME, |r| r.name.as_ref().into()),
+        Bound::text("kind", limits::NAME, |r| r.kind.as_ref().into()),
+    ];
 }
 
 /// The Prometheus source, bounded.

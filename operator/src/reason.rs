@@ -54,7 +54,10 @@ pub enum Reason {
     // JobCreated.
     Created,
     Started,
+    /// Suspended by the plan (`spec.job.suspend: true`): waiting for a review.
     Suspended,
+    /// Suspended, not by the plan: waiting for a queue (Kueue, Volcano) to admit it.
+    Queued,
     /// The job had not started and runs another layout: it is being replaced.
     Replacing,
     /// The job started with another layout and is left alone.
@@ -110,6 +113,7 @@ impl Reason {
             Reason::Created => "Created",
             Reason::Started => "Started",
             Reason::Suspended => "Suspended",
+            Reason::Queued => "Queued",
             Reason::Replacing => "Replacing",
             Reason::LayoutDiffers => "LayoutDiffers",
             Reason::AutoSubmitDisabled => "AutoSubmitDisabled",

@@ -11,7 +11,8 @@
 //! it): `error`, `units` and `precision` are leaves; `bounds` (the limits of every input
 //! field) sits on `error`; `parse`, `model` and `hardware` sit on them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
 //! `compute`, `memory`, `schedule`, `projection`), `report` and, on top, `bench`,
-//! `calibrate`, `megatron`, `validate` and `tune`.
+//! `calibrate`, `megatron` (and `primus`, its Primus keys, command lines and presets),
+//! `validate` and `tune`.
 //!
 //! Everything that touches the outside world lives in the crates around it: the `primus`
 //! command line (`primus-cli`), the GPU benchmark backends (`primus-bench`), the Kubernetes
@@ -34,6 +35,7 @@ pub mod model;
 pub mod parse;
 pub mod plan;
 pub mod precision;
+pub mod primus;
 pub mod profiles;
 pub mod projection;
 pub mod report;

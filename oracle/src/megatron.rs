@@ -853,6 +853,16 @@ impl MegatronArgs {
     }
 }
 
+/// Whether a flag takes no value (a switch such as `--sequence-parallel`).
+pub fn is_switch(f: &str) -> bool {
+    SWITCHES.contains(&f)
+}
+
+/// Whether a flag takes a list of values (every word up to the next flag).
+pub fn is_list(f: &str) -> bool {
+    LISTS.contains(&f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ pub mod client;
 pub mod gpu;
 pub mod metrics;
 pub mod pki;
+pub mod primus;
 pub mod pytorchjob;
 pub mod rotation;
 pub mod server;

@@ -33,6 +33,19 @@ pub enum LayoutSource {
     Annotation,
     /// The Megatron flags of the `pytorch` container.
     Flags,
+    /// The Primus overrides of the `pytorch` container (`primus-cli ... -- train pretrain`).
+    Primus,
+}
+
+impl LayoutSource {
+    /// As the audit annotation says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LayoutSource::Annotation => "annotation",
+            LayoutSource::Flags => "flags",
+            LayoutSource::Primus => "primus",
+        }
+    }
 }
 
 /// Everything the memory model needs, derived from one job.
@@ -246,6 +259,10 @@ pub fn job_field(field: &str, source: LayoutSource) -> String {
             .or_else(|| flag_for_field(field))
             .map(str::to_string)
             .unwrap_or_else(|| field.to_string()),
+        LayoutSource::Primus => flag_for_field(short)
+            .or_else(|| flag_for_field(field))
+            .map(crate::primus::key)
+            .unwrap_or_else(|| field.to_string()),
         LayoutSource::Annotation => {
             if field.starts_with("spec.parallelism.") {
                 format!("{}.{short}", annotation_field(annotations::LAYOUT))
@@ -315,21 +332,37 @@ pub fn derive_spec(
 
     // The container whose flags describe the job: Master's, else Worker's.
     let primary = replicas.iter().find(|r| r.container.is_some());
-    let words: Vec<&str> = primary
-        .and_then(|r| r.container)
-        .map(container_words)
-        .unwrap_or_default();
-    let args = MegatronArgs::parse(words.iter().copied());
+    let container = primary.and_then(|r| r.container);
+    let primus_job = container.and_then(crate::primus::read);
+    let args = match &primus_job {
+        Some(job) => job.args.clone(),
+        None => {
+            let words: Vec<&str> = container.map(container_words).unwrap_or_default();
+            MegatronArgs::parse(words.iter().copied())
+        }
+    };
     args.check_bounds().map_err(DeriveError::Invalid)?;
 
-    let model = model_of(&args, annotations, catalog)?.map_err(|m| missing.push(m));
+    let model = match (model_of(&args, annotations, catalog)?, &primus_job) {
+        (Err(_), Some(job)) => crate::primus::model(job, catalog),
+        (m, _) => m,
+    }
+    .map_err(|m| missing.push(m));
+    if let (Some(job), Ok(m)) = (&primus_job, &model)
+        && let Some(line) = crate::primus::missing_shape(job, annotations, m.moe.is_some())
+    {
+        missing.push(line);
+    }
     let training = training_of(&args, annotations)?.map_err(|m| missing.push(m));
     let world = world_of(spec, &replicas, catalog, &mut missing)?;
     let pods: Vec<&PodSpec> = replicas.iter().filter_map(|r| r.pod_spec).collect();
     let gpu = gpu::gpu_kind(&pods, annotations, world.resource.as_deref(), catalog)
         .map_err(|m| missing.push(m));
-    let (mut layout, layout_source) = layout_of(&args, annotations, model.as_ref().ok())?;
-    if layout_source == LayoutSource::Flags
+    let (mut layout, mut layout_source) = layout_of(&args, annotations, model.as_ref().ok())?;
+    if layout_source == LayoutSource::Flags && primus_job.is_some() {
+        layout_source = LayoutSource::Primus;
+    }
+    if layout_source != LayoutSource::Annotation
         && let (Some(l), Some(on)) = (
             layout.as_mut(),
             primary
@@ -343,7 +376,8 @@ pub fn derive_spec(
     if !missing.is_empty() {
         return Err(DeriveError::Missing(missing));
     }
-    let (Ok(model), Ok(training), Ok(gpu), Some(layout)) = (model, training, gpu, layout) else {
+    let (Ok(model), Ok(training), Ok(gpu), Some(mut layout)) = (model, training, gpu, layout)
+    else {
         return Err(DeriveError::Missing(vec![
             "the job could not be derived".into(),
         ]));
@@ -366,12 +400,27 @@ pub fn derive_spec(
             format!("{} (rule {})", e.message, e.rule),
         )
     })?;
+    let mut notes: Vec<String> = gpu.note.into_iter().collect();
+    if let Some(job) = &primus_job {
+        notes.extend(job.notes.iter().cloned());
+        if layout_source == LayoutSource::Primus {
+            let (best, assumed) =
+                primus_oracle::primus::assume::best_case(&scenario, &layout, &job.overrides);
+            if !assumed.is_empty() {
+                notes.push(format!(
+                    "the Primus command line leaves {} to the experiment YAML (out of sight): checked at their most memory-saving values, so a denial holds whatever the YAML sets",
+                    assumed.join(", ")
+                ));
+            }
+            layout = best;
+        }
+    }
     Ok(DerivedJob {
         scenario,
         layout,
         layout_source,
         gpu_source: gpu.source,
-        notes: gpu.note.into_iter().collect(),
+        notes,
         unmodelled: args.unmodelled_memory_flags(),
     })
 }

@@ -341,6 +341,13 @@ impl Validator {
                 ));
             }
         }
+        if job.layout_source == LayoutSource::Primus {
+            // A Primus job is changed through its overrides: name them so.
+            v.message = crate::primus::overrides_text(&v.message);
+            for w in &mut v.warnings {
+                *w = crate::primus::overrides_text(w);
+            }
+        }
         for n in &job.notes {
             v = v.warn(one_line(&format!("primus: {n}")));
         }
@@ -356,11 +363,10 @@ impl Validator {
         audit.insert("error-band".to_string(), band.describe());
         audit.insert("layout".to_string(), job.layout.label());
         audit.insert("gpu".to_string(), job.scenario.hardware.name.clone());
-        let from = match job.layout_source {
-            LayoutSource::Annotation => "annotation",
-            LayoutSource::Flags => "flags",
-        };
-        audit.insert("layout-source".to_string(), from.to_string());
+        audit.insert(
+            "layout-source".to_string(),
+            job.layout_source.as_str().to_string(),
+        );
         audit
     }
 

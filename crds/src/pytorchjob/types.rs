@@ -253,6 +253,43 @@ impl PyTorchJob {
         self.spec.run_policy.as_ref().and_then(|r| r.suspend) == Some(true)
     }
 
+    /// The `spec.job.suspend` the operator last applied (its `primus.dev/suspend-applied`
+    /// annotation); None on a job written before the annotation or by someone else.
+    pub fn applied_suspend(&self) -> Option<bool> {
+        match self
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(annotations::SUSPEND_APPLIED)?
+            .as_str()
+        {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The queue the job is submitted to, if any: Kueue's queue-name label, Volcano's
+    /// queue-name annotation, or `runPolicy.schedulingPolicy.queue`.
+    pub fn queue(&self) -> Option<String> {
+        let m = &self.metadata;
+        let label = m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(annotations::KUEUE_QUEUE));
+        let ann = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::VOLCANO_QUEUE));
+        let policy = self
+            .spec
+            .run_policy
+            .as_ref()
+            .and_then(|r| r.scheduling_policy.as_ref())
+            .and_then(|p| p.queue.as_ref());
+        label.or(ann).or(policy).filter(|q| !q.is_empty()).cloned()
+    }
+
     /// The layout the job says it runs (its `primus.dev/layout` annotation).
     pub fn annotated_layout(&self) -> Option<Layout> {
         self.metadata

@@ -18,6 +18,11 @@
 //!
 //! Without a template the container runs [`default_image`] with `torchrun pretrain_gpt.py`
 //! and mock data: a smoke run, not a training recipe. Give a template for real jobs.
+//!
+//! With [`JobOptions::launcher`] `primus` the same layout and model are written as Primus
+//! overrides ([`primus_oracle::primus::overrides::override_words`]) on a `primus-cli direct --
+//! train pretrain --config EXPERIMENT` command: appended to the template's own Primus command
+//! when it has one (Primus reads the last setting of a key), else on [`PRIMUS_IMAGE`]'s.
 
 use std::collections::BTreeMap;
 
@@ -39,6 +44,8 @@ use super::template::{self, clean_metadata};
 use super::types::{PyTorchJob, ReplicaSpec};
 use super::{CONTAINER, DEFAULT_RESTART_POLICY, MASTER, WORKER};
 use crate::annotations;
+use crate::training_plan::Launcher;
+use primus_oracle::primus::overrides::override_words;
 
 /// Default image when the template gives none: AMD's ROCm Megatron-LM image for AMD GPUs and
 /// NVIDIA's NeMo framework image (which ships Megatron-LM) for NVIDIA GPUs.
@@ -73,6 +80,15 @@ pub const DEFAULT_EXTRA_ARGS: &[&str] = &[
     "1",
 ];
 
+/// Default image of a Primus job without a template (AMD's Primus release image).
+pub const PRIMUS_IMAGE: &str = "docker.io/rocm/primus:v26.3";
+/// Default experiment of a Primus job: Primus's generic Megatron pretraining experiment (its
+/// model and layout come from the overrides).
+pub const PRIMUS_EXPERIMENT: &str = "examples/megatron/exp_pretrain.yaml";
+/// Overrides of the default (template-less) Primus container besides the layout and model: a
+/// short run on mock data.
+pub const PRIMUS_EXTRA_ARGS: &[&str] = &["--train_iters", "100", "--mock_data", "True"];
+
 /// Megatron wants one hardware queue per device for its TP/SP communication overlap.
 const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
@@ -87,6 +103,17 @@ pub struct JobOptions {
     pub projected_tokens_per_second: Option<f64>,
     /// The plan gave the model inline (not a preset): annotate the card instead of its name.
     pub inline_model_card: bool,
+    /// What the container runs (Megatron flags or Primus overrides).
+    pub launcher: Launcher,
+    /// The Primus experiment when the container runs no Primus command of its own (default
+    /// [`PRIMUS_EXPERIMENT`]).
+    pub experiment: Option<String>,
+}
+
+impl JobOptions {
+    fn experiment(&self) -> &str {
+        self.experiment.as_deref().unwrap_or(PRIMUS_EXPERIMENT)
+    }
 }
 
 /// A complete kubeflow.org/v1 PyTorchJob running layout `l` of scenario `s`.
@@ -131,7 +158,7 @@ pub fn pytorchjob(
             .get_or_insert_with(|| DEFAULT_RESTART_POLICY.to_string());
         let pod = replica.template.get_or_insert_default();
         let at = format!("{replicas_at}.{source}.template");
-        fill_pod_template(pod, s, &flags, t.from_user, nproc, &at)?;
+        fill_pod_template(pod, s, &flags, t.from_user, nproc, &at, opts)?;
         set_allocator_env(pod, s.hardware.vendor, l.expandable_segments);
         job.spec
             .pytorch_replica_specs
@@ -195,6 +222,7 @@ fn fill_pod_template(
     from_user: bool,
     nproc: u32,
     at: &str,
+    opts: &JobOptions,
 ) -> Result<(), FieldError> {
     if let Some(m) = &mut pod.metadata {
         clean_metadata(m);
@@ -225,12 +253,23 @@ fn fill_pod_template(
                 "missing: the template's `pytorch` container needs an image",
             ));
         }
-        container.image = Some(default_image(s.hardware.vendor).to_string());
+        container.image = Some(match opts.launcher {
+            Launcher::Megatron => default_image(s.hardware.vendor).to_string(),
+            Launcher::Primus => PRIMUS_IMAGE.to_string(),
+        });
     }
-    if !from_user {
-        default_command(container, s);
+    match opts.launcher {
+        Launcher::Megatron => {
+            if !from_user {
+                default_command(container, s);
+            }
+            write_args(container, flags);
+        }
+        Launcher::Primus => {
+            primus_command(container, from_user, opts.experiment());
+            write_args(container, &override_words(flags));
+        }
     }
-    write_args(container, flags);
     set_gpu_resources(container, &k.resource, nproc);
     let env = container.env.get_or_insert_default();
     if !env.iter().any(|e| e.name == MAX_CONNECTIONS_ENV) {
@@ -293,6 +332,35 @@ fn default_command(container: &mut Container, s: &Scenario) {
     args.push(s.model.vocab_size.to_string());
     args.extend(container.args.take().unwrap_or_default());
     container.args = Some(args);
+}
+
+/// A Primus container's command: kept when it runs Primus already, else `primus-cli direct --
+/// train pretrain --config EXPERIMENT` (a template's arguments stay after it, as more
+/// overrides; the default container gets a short mock-data run).
+fn primus_command(container: &mut Container, from_user: bool, experiment: &str) {
+    let words = [&container.command, &container.args]
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l.iter().map(String::as_str));
+    if primus_oracle::primus::command::find(words).is_some() {
+        return;
+    }
+    container.command = Some(
+        [
+            "primus-cli",
+            "direct",
+            "--",
+            "train",
+            "pretrain",
+            "--config",
+            experiment,
+        ]
+        .map(str::to_string)
+        .to_vec(),
+    );
+    if !from_user {
+        container.args = Some(PRIMUS_EXTRA_ARGS.iter().map(|a| a.to_string()).collect());
+    }
 }
 
 /// The GPU resource of the hardware profile in limits and requests.

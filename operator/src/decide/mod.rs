@@ -381,19 +381,40 @@ fn choice_conditions(c: &Choice) -> Verdicts {
         .with(TUNED, State::True, reason, tuned)
 }
 
+/// The job's state as the condition tells it.
+struct JobState<'a> {
+    started: bool,
+    suspended: bool,
+    plan_suspends: bool,
+    queue: Option<&'a str>,
+}
+
 /// Reason and message of `JobCreated` for a job with the chosen layout: the same words whether
-/// this pass created it or found it, so a re-run writes the same status.
-fn job_condition(name: &str, label: &str, started: bool, suspended: bool) -> (Reason, String) {
-    if started {
+/// this pass created it or found it, so a re-run writes the same status. A suspended job is
+/// `Suspended` when the plan suspends it and `Queued` when something else did (a queue
+/// controller holding it until its queue admits it).
+fn job_condition(name: &str, label: &str, j: &JobState) -> (Reason, String) {
+    if j.started {
         (
             Reason::Started,
             format!("PyTorchJob {name} runs {label} (started)"),
         )
-    } else if suspended {
+    } else if j.suspended && j.plan_suspends {
         (
             Reason::Suspended,
             format!(
                 "PyTorchJob {name} with {label} is suspended: review it, then set spec.job.suspend to false"
+            ),
+        )
+    } else if j.suspended {
+        let by = match j.queue {
+            Some(q) => format!("waits in queue {q}"),
+            None => "is suspended by another controller or by spec.job.template".to_string(),
+        };
+        (
+            Reason::Queued,
+            format!(
+                "PyTorchJob {name} with {label} {by} (spec.job.suspend is false): it starts when admitted; the operator leaves runPolicy.suspend to its queue"
             ),
         )
     } else {
@@ -424,12 +445,24 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
             Reason::JobNameTaken,
             format!("a PyTorchJob named {name} exists and is not owned by this plan: delete it or set spec.job.name"),
         ),
-        Outcome::Created { name, suspended } => {
-            let (reason, m) = job_condition(name, label, false, *suspended);
+        Outcome::Created { name, suspended, plan_suspends, queue } => {
+            let j = JobState {
+                started: false,
+                suspended: *suspended,
+                plan_suspends: *plan_suspends,
+                queue: queue.as_deref(),
+            };
+            let (reason, m) = job_condition(name, label, &j);
             (State::True, reason, m)
         }
-        Outcome::UpToDate { name, started, suspended } => {
-            let (reason, m) = job_condition(name, label, *started, *suspended);
+        Outcome::UpToDate { name, started, suspended, plan_suspends, queue } => {
+            let j = JobState {
+                started: *started,
+                suspended: *suspended,
+                plan_suspends: *plan_suspends,
+                queue: queue.as_deref(),
+            };
+            let (reason, m) = job_condition(name, label, &j);
             (State::True, reason, m)
         }
         Outcome::Replacing { name, old } => (

@@ -356,8 +356,105 @@ fn job_left_alone_when_it_started_with_another_layout() {
     // Not started: spec.job.suspend is passed on.
     let seen = existing(&plan_with(json!({})), "uid-1", &tp(2), json!({}));
     let (action, s) = job_step(&plan, &seen, &tp(2));
-    assert_eq!(action, Some(JobAction::Suspend(true)));
+    assert_eq!(
+        action,
+        Some(JobAction::Suspend {
+            suspend: Some(true),
+            applied: true
+        })
+    );
     assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Suspended);
+}
+
+#[test]
+fn a_queue_controllers_suspend_and_resume_are_left_alone() {
+    // Created unsuspended into a Kueue queue (the template's label passes to the job).
+    let plan = plan_with(json!({"job": {"template": {"metadata": {
+        "labels": {"kueue.x-k8s.io/queue-name": "team-a"}}, "spec": {}}}}));
+    let mut seen = existing(&plan, "uid-1", &tp(2), json!({}));
+    let job = seen.existing.as_mut().unwrap();
+    assert_eq!(job.applied_suspend(), Some(false));
+    assert_eq!(job.queue().as_deref(), Some("team-a"));
+    // Kueue suspends it until the queue admits it: no action, the status says Queued.
+    job.spec.run_policy.get_or_insert_default().suspend = Some(true);
+    let (action, s) = job_step(&plan, &seen, &tp(2));
+    assert_eq!(action, None);
+    let (state, reason, m) = cond(&s.conditions, JOB_CREATED);
+    assert_eq!((state, reason), (State::True, Reason::Queued));
+    assert!(m.contains("waits in queue team-a"), "{m}");
+    // Kueue resumes it: still nothing to do.
+    let job = seen.existing.as_mut().unwrap();
+    job.spec.run_policy.get_or_insert_default().suspend = Some(false);
+    let (action, s) = job_step(&plan, &seen, &tp(2));
+    assert_eq!(action, None);
+    assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
+
+    // A plan that suspends: a resume by someone else is not reverted either.
+    let plan = plan_with(json!({"job": {"suspend": true}}));
+    let mut seen = existing(&plan, "uid-1", &tp(2), json!({}));
+    let job = seen.existing.as_mut().unwrap();
+    assert!(job.suspended());
+    job.spec.run_policy.get_or_insert_default().suspend = Some(false);
+    let (action, s) = job_step(&plan, &seen, &tp(2));
+    assert_eq!(action, None);
+    assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
+    // Suspended without a queue and not by the plan: Queued, naming no queue.
+    let plan = plan_with(json!({}));
+    let mut seen = existing(&plan, "uid-1", &tp(2), json!({}));
+    let job = seen.existing.as_mut().unwrap();
+    job.spec.run_policy.get_or_insert_default().suspend = Some(true);
+    let (_, s) = job_step(&plan, &seen, &tp(2));
+    let (_, reason, m) = cond(&s.conditions, JOB_CREATED);
+    assert_eq!(reason, Reason::Queued);
+    assert!(m.contains("suspended by another controller"), "{m}");
+}
+
+#[test]
+fn queue_and_scheduling_fields_pass_from_the_template_to_the_job() {
+    let plan = plan_with(json!({"job": {"template": {
+        "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "team-a"},
+                     "annotations": {"scheduling.volcano.sh/queue-name": "vq"}},
+        "spec": {
+            "runPolicy": {"schedulingPolicy": {"queue": "vq", "priorityClass": "high"}},
+            "pytorchReplicaSpecs": {"Worker": {"template": {
+                "metadata": {"annotations": {"scheduling.k8s.io/group-name": "g"}},
+                "spec": {"priorityClassName": "high", "schedulerName": "volcano",
+                    "containers": [{"name": "pytorch", "image": "example/megatron:1"}]}}}}}}}}));
+    let seen = job::Observed {
+        crd_present: true,
+        existing: None,
+    };
+    let (action, s) = job_step(&plan, &seen, &tp(2));
+    let Some(JobAction::Create(j)) = action else {
+        panic!("{action:?}")
+    };
+    let v = serde_json::to_value(&j).unwrap();
+    assert_eq!(
+        v["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+        "team-a"
+    );
+    assert_eq!(
+        v["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"],
+        "vq"
+    );
+    assert_eq!(
+        v["metadata"]["annotations"]["primus.dev/suspend-applied"],
+        "false"
+    );
+    let rp = &v["spec"]["runPolicy"];
+    assert_eq!(
+        rp["schedulingPolicy"],
+        json!({"queue": "vq", "priorityClass": "high"})
+    );
+    assert!(rp.get("suspend").is_none(), "{rp}");
+    let pod = &v["spec"]["pytorchReplicaSpecs"]["Master"]["template"];
+    assert_eq!(pod["spec"]["priorityClassName"], "high");
+    assert_eq!(pod["spec"]["schedulerName"], "volcano");
+    assert_eq!(
+        pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+        "g"
+    );
+    assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
     PropagationPolicy,
 };
-use primus_crds::TrainingPlan;
+use primus_crds::{TrainingPlan, annotations};
 
 use super::{Action, Decision, Outcome, crd_present, job_name};
 use crate::context::Context;
@@ -54,11 +54,19 @@ pub async fn apply(
                 Err(e) => return Err(e),
             }
         }
-        Some(Action::Suspend(want)) => {
-            let patch = serde_json::json!({"spec": {"runPolicy": {"suspend": want}}});
+        Some(Action::Suspend { suspend, applied }) => {
+            let mut patch = serde_json::json!({"metadata": {"annotations": {
+                annotations::SUSPEND_APPLIED: applied.to_string()}}});
+            if let Some(s) = suspend {
+                patch["spec"] = serde_json::json!({"runPolicy": {"suspend": s}});
+            }
+            let pp = PatchParams {
+                field_manager: Some(crate::CONTROLLER.into()),
+                ..PatchParams::default()
+            };
             call(
-                format!("patch {what} suspend={want}"),
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+                format!("patch {what} suspend={suspend:?} applied={applied}"),
+                api.patch(&name, &pp, &Patch::Merge(&patch)),
             )
             .await?;
         }

@@ -1,5 +1,11 @@
 //! What to do about a plan's job, from what [`super::observe`] read (pure): create it, leave it,
-//! flip its suspend, replace it (not started, another layout), or report why not.
+//! pass a change of `spec.job.suspend` on, replace it (not started, another layout), or report
+//! why not.
+//!
+//! `runPolicy.suspend` is the job's, not the plan's: the operator writes it when it creates the
+//! job and afterwards only when `spec.job.suspend` differs from the value it applied last (the
+//! job's `primus.dev/suspend-applied` annotation). A queue controller that suspends the job
+//! until its queue admits it, then resumes it, is left alone either way.
 
 use primus_crds::{PyTorchJob, TrainingPlan};
 use primus_oracle::layout::Layout;
@@ -20,8 +26,12 @@ pub struct Decision {
 pub enum Action {
     /// Create this job (the plan becomes its controller owner).
     Create(Box<PyTorchJob>),
-    /// Set `spec.runPolicy.suspend` (the review flow: a human flipped `spec.job.suspend`).
-    Suspend(bool),
+    /// `spec.job.suspend` changed (the review flow): set `spec.runPolicy.suspend` to `suspend`
+    /// when given (never to suspend a job that runs) and record `applied` as the value applied.
+    Suspend {
+        suspend: Option<bool>,
+        applied: bool,
+    },
     /// Delete the job that has this uid and resourceVersion (preconditions), to replace it.
     Delete {
         uid: Option<String>,
@@ -53,7 +63,9 @@ pub fn decide(
         return Decision {
             outcome: Outcome::Created {
                 name,
-                suspended: want_suspended,
+                suspended: desired.suspended(),
+                plan_suspends: want_suspended,
+                queue: desired.queue(),
             },
             action: Some(Action::Create(Box::new(desired))),
         };
@@ -71,15 +83,22 @@ pub fn decide(
     let (started, suspended) = (existing.started(), existing.suspended());
     let current = existing.annotated_layout();
     if current.as_ref() == Some(layout) {
-        // Pass a flip of spec.job.suspend on, but never suspend a job that runs.
-        let flip = suspended != want_suspended && !(started && want_suspended);
+        let action = suspend_change(existing.applied_suspend(), want_suspended, started);
+        let suspended = match &action {
+            Some(Action::Suspend {
+                suspend: Some(s), ..
+            }) => *s,
+            _ => suspended,
+        };
         return Decision {
             outcome: Outcome::UpToDate {
                 name,
                 started,
-                suspended: if flip { want_suspended } else { suspended },
+                suspended,
+                plan_suspends: want_suspended,
+                queue: existing.queue(),
             },
-            action: flip.then_some(Action::Suspend(want_suspended)),
+            action,
         };
     }
     let old = current
@@ -100,5 +119,55 @@ pub fn decide(
             uid: existing.metadata.uid.clone(),
             resource_version: existing.metadata.resource_version.clone(),
         }),
+    }
+}
+
+/// What a change of `spec.job.suspend` asks of an existing job: nothing while it equals the
+/// value applied last, whatever the job's own `runPolicy.suspend` is now (another manager may
+/// have set it). A job without the record (written before it) is adopted as it is: the record
+/// is written and its suspend left. A job that runs is never suspended.
+fn suspend_change(applied: Option<bool>, want: bool, started: bool) -> Option<Action> {
+    match applied {
+        Some(a) if a == want => None,
+        Some(_) => Some(Action::Suspend {
+            suspend: (!(started && want)).then_some(want),
+            applied: want,
+        }),
+        None => Some(Action::Suspend {
+            suspend: None,
+            applied: want,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suspend_is_written_only_when_the_plan_field_changes() {
+        // Unchanged since the last apply: nothing, whatever the job says now.
+        assert_eq!(suspend_change(Some(false), false, false), None);
+        assert_eq!(suspend_change(Some(true), true, false), None);
+        // Changed: passed on.
+        let set = |s, a| {
+            Some(Action::Suspend {
+                suspend: s,
+                applied: a,
+            })
+        };
+        assert_eq!(
+            suspend_change(Some(true), false, false),
+            set(Some(false), false)
+        );
+        assert_eq!(
+            suspend_change(Some(false), true, false),
+            set(Some(true), true)
+        );
+        // A running job is not suspended; the change is recorded.
+        assert_eq!(suspend_change(Some(false), true, true), set(None, true));
+        // No record: adopted, its suspend left.
+        assert_eq!(suspend_change(None, true, false), set(None, true));
+        assert_eq!(suspend_change(None, false, false), set(None, false));
     }
 }

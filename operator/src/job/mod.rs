@@ -2,15 +2,20 @@
 //! object `primus tune --emit pytorchjob` prints), owned by the plan, and created once. A job
 //! that has not started is replaced when the chosen layout changes; a started job is never
 //! touched (the status says the plan and the job differ). `spec.job.suspend` creates it
-//! suspended and flips `runPolicy.suspend` of an existing job when the field changes (the
-//! review flow); `autoSubmit: false` creates nothing. A cluster without the PyTorchJob CRD is
+//! suspended and flips `runPolicy.suspend` of an existing job only when the field itself
+//! changes (the review flow): the value applied last is kept in the job's
+//! `primus.dev/suspend-applied` annotation, so a queue controller (Kueue) that suspends or
+//! resumes the job is never reverted. Queue and scheduling fields of `spec.job.template`
+//! (Kueue's queue-name label, Volcano's annotations, `runPolicy.schedulingPolicy`, pods'
+//! `priorityClassName` and `schedulerName`) pass to the job as they are. `autoSubmit: false`
+//! creates nothing. A cluster without the PyTorchJob CRD is
 //! detected through discovery and reported in a condition.
 //!
 //! One step is [`observe`] (discovery, the existing job) -> [`decide`] (pure: the outcome and
 //! at most one change) -> [`apply`].
 
 use primus_crds::pytorchjob::{JobOptions, pytorchjob};
-use primus_crds::{JobStatus, PyTorchJob, TrainingPlan};
+use primus_crds::{JobKind, JobStatus, PyTorchJob, TrainingPlan, annotations};
 use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 
@@ -32,12 +37,21 @@ pub enum Outcome {
     /// A job of that name exists and belongs to someone else.
     NameTaken { name: String },
     /// Created in this pass.
-    Created { name: String, suspended: bool },
+    Created {
+        name: String,
+        suspended: bool,
+        /// `spec.job.suspend` is true (else a suspend came from elsewhere: a queue).
+        plan_suspends: bool,
+        /// The queue the job is submitted to.
+        queue: Option<String>,
+    },
     /// The job exists with the chosen layout.
     UpToDate {
         name: String,
         started: bool,
         suspended: bool,
+        plan_suspends: bool,
+        queue: Option<String>,
     },
     /// The job had not started and ran another layout: deleted, recreated next pass.
     Replacing { name: String, old: String },
@@ -65,11 +79,14 @@ impl Outcome {
                 name: Some(name.clone()),
                 ..JobStatus::default()
             }),
-            Outcome::Created { name, suspended } => Some(status(name, true, false, *suspended)),
+            Outcome::Created {
+                name, suspended, ..
+            } => Some(status(name, true, false, *suspended)),
             Outcome::UpToDate {
                 name,
                 started,
                 suspended,
+                ..
             } => Some(status(name, true, *started, *suspended)),
             Outcome::Replacing { name, .. } => Some(status(name, false, false, false)),
             Outcome::Differs {
@@ -100,27 +117,39 @@ pub fn desired(
     projected_tokens_per_second: f64,
 ) -> Result<PyTorchJob, primus_oracle::FieldError> {
     let job = plan_obj.spec.job.clone().unwrap_or_default();
+    if job.kind == Some(JobKind::TrainJob) {
+        return Err(primus_oracle::FieldError::new(
+            "spec.job.kind",
+            "TrainJob is not written by this operator version yet: use PyTorchJob (the default)",
+        ));
+    }
     let opts = JobOptions {
         name: Some(job_name(plan_obj)),
         suspend: job.suspend == Some(true),
         projected_tokens_per_second: Some(projected_tokens_per_second),
         inline_model_card: plan_obj.spec.model.preset.is_none(),
+        launcher: job.launcher.unwrap_or_default(),
+        experiment: job.experiment.clone(),
     };
-    pytorchjob(
+    let mut out = pytorchjob(
         plan_obj.metadata.name.as_deref().unwrap_or_default(),
         plan_obj.metadata.namespace.as_deref(),
         &plan.scenario,
         layout,
         job.template.as_ref(),
         &opts,
-    )
+    )?;
+    out.metadata.annotations.get_or_insert_default().insert(
+        annotations::SUSPEND_APPLIED.to_string(),
+        opts.suspend.to_string(),
+    );
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::plan_with as plan;
-    use primus_crds::annotations;
     use serde_json::json;
 
     #[test]
