@@ -8,7 +8,7 @@
 //! that `kubectl apply` sends into them.
 //!
 //! The top-level modules depend on each other without cycles (`tests/module_graph.rs` checks
-//! it): `error`, `units` and `precision` are leaves; `parse`, `model` and `hardware` sit on
+//! it): `error`, `units`, `precision` and `backend` are leaves; `parse`, `model` and `hardware` sit on
 //! them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
 //! `compute`, `memory`, `schedule`, `projection`), `report` and, on top, `bench`,
 //! `calibrate`, `megatron`, `validate` and `tune`.
@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod bench;
 pub mod calibrate;
 pub mod collectives;

@@ -7,6 +7,10 @@
 
 use std::collections::BTreeMap;
 
+mod moe;
+
+pub use moe::moe_flag;
+
 use crate::error::FieldError;
 use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
@@ -69,6 +73,20 @@ pub mod flag {
     pub const QK_POS_HEAD_DIM: &str = "--qk-pos-emb-head-dim";
     pub const V_HEAD_DIM: &str = "--v-head-dim";
     pub const MTP_LAYERS: &str = "--mtp-num-layers";
+}
+
+/// Whether a flag takes no value.
+fn is_switch(f: &str) -> bool {
+    SWITCHES.contains(&f) || moe::SWITCHES.contains(&f)
+}
+
+/// Every flag the layout writer can write (and a job writer therefore owns), with whether it
+/// takes a value, beyond the [`flag`] constants: the MoE and execution option flags.
+pub fn option_flags() -> impl Iterator<Item = (&'static str, bool)> {
+    moe::VALUED
+        .iter()
+        .map(|f| (*f, true))
+        .chain(moe::SWITCHES.iter().map(|f| (*f, false)))
 }
 
 /// Flags that take no value.
@@ -156,7 +174,11 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
             a.push("hybrid".into());
         }
     }
-    if l.fsdp {
+    if l.fsdp && l.fsdp_kind == crate::layout::FsdpKind::Megatron {
+        // Megatron-FSDP (v1) runs on the distributed optimizer (arguments.py turns it on).
+        a.push(moe_flag::MEGATRON_FSDP.into());
+        a.push(flag::DIST_OPT.into());
+    } else if l.fsdp {
         a.push(flag::FSDP.into());
     } else if l.distributed_optimizer {
         a.push(flag::DIST_OPT.into());
@@ -179,6 +201,7 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     if !l.grad_reduce_in_fp32 {
         a.push(flag::GRAD_REDUCE_IN_BF16.into());
     }
+    moe::write(s, l, &mut a);
     a
 }
 
@@ -264,7 +287,7 @@ pub fn model_args(m: &ModelCard) -> Vec<String> {
 }
 
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
-const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES];
+pub const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES, moe_flag::CUDA_GRAPH_MODULES];
 
 /// Flags found in a command line: flag -> value (None for switches; the words of a list flag
 /// joined by single spaces). The last occurrence wins, as with argparse.
@@ -343,7 +366,7 @@ impl MegatronArgs {
                 values.insert(k.to_string(), Some(v.to_string()));
                 continue;
             }
-            if SWITCHES.contains(&t.as_str()) {
+            if is_switch(t) {
                 values.insert(t.clone(), None);
                 continue;
             }
@@ -489,6 +512,7 @@ impl MegatronArgs {
             let block = self.get(flag::RECOMPUTE_METHOD) == Some("block");
             l.recompute_layers = if block && n < per_stage { n } else { 0 };
         }
+        moe::read(self, model, &mut l)?;
         Ok(l)
     }
 

@@ -3,8 +3,12 @@
 //! `megatron/training/arguments.py`, `megatron/core/parallel_state.py`,
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
-use super::{Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use super::{FsdpKind, Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
 use crate::scenario::Scenario;
+
+mod moe;
+
+pub use moe::MAX_CAPACITY_FACTOR;
 
 /// One broken legality rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,15 +72,29 @@ impl Layout {
         self.check_schedule(s)?;
         self.check_recompute(s)?;
         self.check_sharding()?;
+        self.check_moe_options(s)?;
         Ok(())
     }
 
     /// Megatron's torch FSDP2 path (`--use-torch-fsdp2`) shards whole layers over the data
-    /// parallel group and supports neither pipeline nor expert parallelism (Megatron-LM ROCm
-    /// README, "FSDP-v2 is not supported with pipeline parallelism, expert parallelism, MCore's
-    /// distributed optimizer"); it replaces the distributed optimizer.
+    /// parallel group and supports neither pipeline nor expert parallelism
+    /// (`megatron/training/arguments.py`: "--use-torch-fsdp2 is not supported with pipeline
+    /// parallelism / expert parallelism"); it replaces the distributed optimizer. Megatron-FSDP
+    /// (`--use-megatron-fsdp`, `fsdpKind: megatron`) has neither restriction: it shards the
+    /// experts over the expert-data-parallel group
+    /// (`megatron/core/distributed/fsdp/mcore_fsdp_adapter.py`).
     fn check_sharding(&self) -> Result<(), LayoutError> {
         if !self.fsdp {
+            if self.fsdp_kind != FsdpKind::Torch {
+                return fail(
+                    "fsdp-kind-needs-fsdp",
+                    "fsdpKind",
+                    format!("{} needs fsdp: true", self.fsdp_kind.as_str()),
+                );
+            }
+            return Ok(());
+        }
+        if self.fsdp_kind == FsdpKind::Megatron {
             return Ok(());
         }
         if self.pp > 1 {
