@@ -66,12 +66,14 @@ impl<'a> Setup<'a> {
             ctx: TimerContext {
                 hardware: &s.hardware,
                 precision: s.training.precision,
+                fp8_recipe: l.fp8_recipe(),
             },
             cc: CommContext {
                 topo,
                 place,
                 d: Dims::of(s, l),
                 l,
+                microbatches: l.num_microbatches(s).max(1) as f64,
             },
             gpus,
             dp,
