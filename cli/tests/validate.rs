@@ -11,7 +11,7 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
     );
     let ok = Command::cargo_bin("primus")
         .expect("binary")
-        .args(["validate", path, "--max-median-error", "10"])
+        .args(["validate", path, "--no-refit", "--max-median-error", "10"])
         .output()
         .expect("runs");
     assert!(
@@ -25,10 +25,11 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
         "{text}"
     );
     assert!(text.contains("P1s") && text.contains("N20"), "{text}");
+    assert!(text.contains("dense: 15 rows") && text.contains("MoE: 4 rows"), "{text}");
     // A limit the projection cannot meet fails with a one-line reason.
     let bad = Command::cargo_bin("primus")
         .expect("binary")
-        .args(["validate", path, "--max-median-error", "0.5"])
+        .args(["validate", path, "--no-refit", "--max-median-error", "0.5"])
         .output()
         .expect("runs");
     assert!(!bad.status.success());
@@ -37,11 +38,11 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
     // JSON output is one object with the rows and the statistics.
     let json = Command::cargo_bin("primus")
         .expect("binary")
-        .args(["validate", path, "-o", "json"])
+        .args(["validate", path, "--no-refit", "-o", "json"])
         .output()
         .expect("runs");
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
-    assert_eq!(v["rows"].as_array().unwrap().len(), 23);
+    assert_eq!(v["rows"].as_array().unwrap().len(), 19);
     assert!(v["medianAbsError"].as_f64().unwrap() <= 0.10);
 }
 
