@@ -12,7 +12,8 @@ mod rules;
 
 pub use exec::{CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind};
 pub use moe::{
-    Factor, FlexBackend, GroupedGemm, LoadBalancing, MoeOptions, RouterDtype, TokenDispatcher,
+    Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MoeOptions, RouterDtype,
+    TokenDispatcher,
 };
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};

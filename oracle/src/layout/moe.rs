@@ -78,6 +78,61 @@ impl TokenDispatcher {
     }
 }
 
+/// A dispatcher as one choice (what the tuner searches and `spec.tuning` names): the
+/// dispatcher, with the flex backend for the flex ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "kebab-case")]
+pub enum Dispatch {
+    Allgather,
+    Alltoall,
+    Deepep,
+    Hybridep,
+    PrimusTurboDeepep,
+}
+
+impl Dispatch {
+    pub const ALL: [Dispatch; 5] = [
+        Dispatch::Allgather,
+        Dispatch::Alltoall,
+        Dispatch::Deepep,
+        Dispatch::Hybridep,
+        Dispatch::PrimusTurboDeepep,
+    ];
+
+    /// The dispatcher and flex backend.
+    pub fn parts(self) -> (TokenDispatcher, Option<FlexBackend>) {
+        match self {
+            Dispatch::Allgather => (TokenDispatcher::Allgather, None),
+            Dispatch::Alltoall => (TokenDispatcher::Alltoall, None),
+            Dispatch::Deepep => (TokenDispatcher::Flex, Some(FlexBackend::Deepep)),
+            Dispatch::Hybridep => (TokenDispatcher::Flex, Some(FlexBackend::Hybridep)),
+            Dispatch::PrimusTurboDeepep => {
+                (TokenDispatcher::Flex, Some(FlexBackend::PrimusTurboDeepep))
+            }
+        }
+    }
+
+    /// The choice of a flex backend.
+    pub fn of_backend(b: FlexBackend) -> Dispatch {
+        match b {
+            FlexBackend::Deepep => Dispatch::Deepep,
+            FlexBackend::Hybridep => Dispatch::Hybridep,
+            FlexBackend::PrimusTurboDeepep => Dispatch::PrimusTurboDeepep,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dispatch::Allgather => "allgather",
+            Dispatch::Alltoall => "alltoall",
+            Dispatch::Deepep => "deepep",
+            Dispatch::Hybridep => "hybridep",
+            Dispatch::PrimusTurboDeepep => "primus-turbo-deepep",
+        }
+    }
+}
+
 /// How the local experts' GEMMs run.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
@@ -274,9 +329,27 @@ impl MoeOptions {
 
     /// The dispatcher as one word: allgather, alltoall, or the flex backend.
     pub fn dispatch_label(&self) -> &'static str {
-        match self.backend() {
-            Some(b) => b.as_str(),
-            None => self.token_dispatcher.as_str(),
+        self.dispatch().as_str()
+    }
+
+    /// The dispatcher as one choice.
+    pub fn dispatch(&self) -> Dispatch {
+        match (self.token_dispatcher, self.backend()) {
+            (TokenDispatcher::Allgather, _) => Dispatch::Allgather,
+            (TokenDispatcher::Alltoall, _) => Dispatch::Alltoall,
+            (TokenDispatcher::Flex, b) => Dispatch::of_backend(b.unwrap_or_default()),
+        }
+    }
+
+    /// Set the dispatcher of a choice, with what it needs: Primus-Turbo DeepEP takes fp32
+    /// router probabilities and no shared-expert overlap (Primus `rocm_arg_validation.py`).
+    pub fn set_dispatch(&mut self, d: Dispatch) {
+        let (dispatcher, backend) = d.parts();
+        self.token_dispatcher = dispatcher;
+        self.flex_backend = backend;
+        if d == Dispatch::PrimusTurboDeepep {
+            self.router_dtype = Some(RouterDtype::Fp32);
+            self.shared_expert_overlap = false;
         }
     }
 

@@ -73,8 +73,6 @@ pub(super) struct CommContext<'a> {
     pub place: Placement,
     pub d: Dims,
     pub l: &'a Layout,
-    /// Micro-batches per step (what the EP overlap pairs).
-    pub microbatches: f64,
 }
 
 impl CommContext<'_> {

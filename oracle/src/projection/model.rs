@@ -73,7 +73,6 @@ impl<'a> Setup<'a> {
                 place,
                 d: Dims::of(s, l),
                 l,
-                microbatches: l.num_microbatches(s).max(1) as f64,
             },
             gpus,
             dp,

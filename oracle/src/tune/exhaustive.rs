@@ -32,7 +32,7 @@ use rayon::prelude::*;
 
 use super::bound::ThroughputBound;
 use super::seed::SeedPlanner;
-use super::space::{RecomputeChoice, Structure};
+use super::space::{MoeChoice, RecomputeChoice, Structure};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
 use crate::layout::{ModuleSet, Recompute};
 use crate::plan::SearcherKind;
@@ -108,12 +108,20 @@ impl Exhaustive {
             top: TopK::new(ctx.top_k),
             stats: Stats::default(),
         };
+        let bound = ThroughputBound::new();
         for &mbs in &space.micro_batch_size {
             for st in group {
                 let choices = space.recompute_choices(st);
-                if !choices.is_empty() {
-                    self.run_one(ctx, st, &choices, mbs, 0.0, None, &mut task);
+                if choices.is_empty() {
+                    continue;
                 }
+                if ctx.filter.rules(ctx.scenario, &space.layout(st, mbs, choices[0])).is_ok()
+                    && flex_dominated(ctx, &bound, st, mbs)
+                {
+                    task.stats.pruned += choices.len() as u64;
+                    continue;
+                }
+                self.run_one(ctx, st, &choices, mbs, 0.0, None, &mut task);
             }
         }
         task
@@ -259,6 +267,41 @@ fn cannot_win(ctx: &Context<'_>, known: f64, upper: Option<f64>, task: &Task) ->
     threshold > 0.0 && upper.is_some_and(|ub| ub * (1.0 + BOUND_MARGIN) < threshold)
 }
 
+/// Whether another flex backend of the space beats this structure's at this micro-batch size
+/// (same EP overlap setting): the flex backends hold the same memory and differ only in the
+/// dispatch and combine time, which enters the forward and the backward of every MoE layer
+/// alike, so the one with the larger throughput bound is faster for every pipeline and
+/// recomputation (ties go to the backend listed first).
+fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mbs: u32) -> bool {
+    let Some(choice) = st.moe else {
+        return false;
+    };
+    if choice.dispatch.parts().1.is_none() {
+        return false;
+    }
+    let space = ctx.space;
+    let upper_of = |d| {
+        let mut other = *st;
+        other.moe = Some(MoeChoice {
+            dispatch: d,
+            ep_overlap: choice.ep_overlap,
+        });
+        bound
+            .upper(ctx, &space.layout(&other, mbs, RecomputeChoice::NONE))
+            .unwrap_or(0.0)
+    };
+    let own = upper_of(choice.dispatch);
+    let own_index = space.dispatch.iter().position(|d| *d == choice.dispatch);
+    space.dispatch.iter().enumerate().any(|(i, &d)| {
+        if d == choice.dispatch || d.parts().1.is_none() {
+            return false;
+        }
+        let other = upper_of(d);
+        other > own * (1.0 + BOUND_MARGIN)
+            || (other >= own * (1.0 - BOUND_MARGIN) && Some(i) < own_index)
+    })
+}
+
 /// Structures grouped by pipeline shape and data-parallel size, in a stable order.
 fn groups(structures: Vec<Structure>) -> Vec<Vec<Structure>> {
     let mut map: BTreeMap<_, Vec<Structure>> = BTreeMap::new();
@@ -319,7 +362,7 @@ impl Exhaustive {
             let upper = bound
                 .upper(ctx, &space.layout(st, mbs, none))
                 .unwrap_or(f64::INFINITY);
-            if upper * (1.0 + BOUND_MARGIN) < known {
+            if upper * (1.0 + BOUND_MARGIN) < known || flex_dominated(ctx, bound, st, mbs) {
                 stats.pruned += family;
                 continue;
             }

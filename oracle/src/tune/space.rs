@@ -22,15 +22,27 @@
 //!   (`layernorm` changes nothing there: Transformer Engine fuses those norms into the linears).
 //!   FP8 plans leave out `moe_act` and `layernorm`: Megatron rejects them with the delayed
 //!   scaling recipe that `--fp8-format hybrid` selects;
-//! - optimizer sharding: the distributed optimizer or FSDP.
+//! - optimizer sharding: the distributed optimizer or FSDP;
+//! - for MoE models, the token dispatcher and Megatron's EP communication overlap (`dispatch`,
+//!   `epOverlap`; [`MoeChoice`]): the reference's dispatcher, alltoall and every flex backend
+//!   the hardware profile lists (`flexBackends`: DeepEP and HybridEP on Hopper and B200,
+//!   HybridEP on GB200/GB300, Primus-Turbo DeepEP on AMD Instinct), each without and with the
+//!   overlap (with `delayWgrad`) where the overlap is legal (EP > 1, not allgather, VPP with a
+//!   pipeline, no full recompute). `spec.tuning.allowed.dispatch` narrows it to what the image
+//!   ships. The options without a trade-off are turned on: Transformer Engine grouped GEMM
+//!   (unless the reference asks for the legacy one), permute and router fusion.
 //!
-//! Everything else (sequence parallel, the overlap switches) comes from the reference layout
-//! when the plan gives one, else from the defaults, unless pinned.
+//! Everything else (sequence parallel, the overlap switches, routing, FP8 recipe, CUDA graphs)
+//! comes from the reference layout when the plan gives one, else from the defaults, unless
+//! pinned.
 
 use std::collections::BTreeMap;
 
 use crate::error::FieldError;
-use crate::layout::{Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use crate::layout::{
+    Dispatch, GroupedGemm, Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule,
+    Schedule,
+};
 use crate::model::ModelCard;
 use crate::plan::{AllowedAxes, FixedAxes, Tuning};
 use crate::precision::Precision;
@@ -78,6 +90,34 @@ pub enum Split {
     Balanced,
 }
 
+/// One MoE execution choice the tuner searches: the token dispatcher and the EP
+/// communication overlap (with its delayed weight gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MoeChoice {
+    pub dispatch: Dispatch,
+    pub ep_overlap: bool,
+}
+
+impl MoeChoice {
+    /// The choice a layout makes.
+    pub fn of(l: &Layout) -> MoeChoice {
+        MoeChoice {
+            dispatch: l.moe.dispatch(),
+            ep_overlap: l.moe.ep_overlap,
+        }
+    }
+
+    /// Set a layout's dispatcher and overlap (the overlap excludes shared-expert overlap).
+    pub fn apply(self, l: &mut Layout) {
+        l.moe.set_dispatch(self.dispatch);
+        l.moe.ep_overlap = self.ep_overlap;
+        l.moe.delay_wgrad = self.ep_overlap;
+        if self.ep_overlap {
+            l.moe.shared_expert_overlap = false;
+        }
+    }
+}
+
 /// The part of a layout fixed for one exhaustive-search task: everything but the micro-batch
 /// size and recomputation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +131,8 @@ pub struct Structure {
     pub split: Split,
     pub schedule: Schedule,
     pub sharding: Sharding,
+    /// The MoE dispatcher and overlap (None for dense models).
+    pub moe: Option<MoeChoice>,
 }
 
 /// One way to recompute activations: the granularity and, for full, the per-chunk layer count
@@ -219,6 +261,10 @@ pub struct Space {
     pub recompute_modules: Vec<ModuleSet>,
     pub sharding: Vec<Sharding>,
     pub schedule: Vec<Schedule>,
+    /// MoE dispatchers to try (empty for dense models).
+    pub dispatch: Vec<Dispatch>,
+    /// EP overlap values to try.
+    pub ep_overlap: Vec<bool>,
     /// Values of the fields that are not searched (sequence parallel, overlap switches).
     pub base: Layout,
     gpus: u32,
@@ -467,6 +513,51 @@ fn sharding_axis(fixed: &FixedAxes) -> Vec<Sharding> {
     }
 }
 
+/// The MoE dispatchers and EP-overlap values after `allowed` and `fixed` (empty for dense
+/// models): by default the reference's dispatcher, alltoall and the hardware profile's flex
+/// backends; a dispatcher the GPU's stack does not run is an error naming the field.
+fn moe_axes(
+    s: &Scenario,
+    fixed: &FixedAxes,
+    allowed: &AllowedAxes,
+    base: &Layout,
+) -> Result<(Vec<Dispatch>, Vec<bool>), FieldError> {
+    if s.model.moe.is_none() {
+        return Ok((Vec::new(), vec![false]));
+    }
+    let hw = &s.hardware;
+    let runs = |d: &Dispatch| match d.parts().1 {
+        Some(b) => hw.flex_backend(b).is_some(),
+        None => true,
+    };
+    // Allgather (Megatron's default) gathers every token of the TP x EP group on every rank:
+    // searched only when the reference uses it or `allowed` lists it.
+    let mut default = vec![base.moe.dispatch(), Dispatch::Alltoall];
+    default.extend(hw.flex_backends.iter().map(|p| Dispatch::of_backend(p.backend)));
+    let mut dispatch = narrow(
+        "dispatch",
+        default,
+        allowed.dispatch.as_ref(),
+        fixed.dispatch,
+        runs,
+    )?;
+    let mut seen = Vec::new();
+    dispatch.retain(|d| {
+        let new = !seen.contains(d);
+        seen.push(*d);
+        new
+    });
+    let mut ep_overlap = narrow(
+        "epOverlap",
+        vec![false, true],
+        allowed.ep_overlap.as_ref(),
+        fixed.ep_overlap,
+        |_| true,
+    )?;
+    ep_overlap.dedup();
+    Ok((dispatch, ep_overlap))
+}
+
 /// Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
 /// embedding, the loss and the MTP layers evenly.
 fn balanced_layouts(m: &ModelCard, pp: &[u32]) -> BTreeMap<(u32, u32), PipelineLayout> {
@@ -529,6 +620,15 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
+        let (dispatch, ep_overlap) = moe_axes(s, fixed, allowed, &base)?;
+        if m.moe.is_some() {
+            // The options without a trade-off (module documentation).
+            if base.moe.grouped_gemm == GroupedGemm::Sequential {
+                base.moe.grouped_gemm = GroupedGemm::Grouped;
+            }
+            base.moe.permute_fusion = true;
+            base.moe.router_fusion = true;
+        }
         Ok(Space {
             balanced: balanced_layouts(m, &pp),
             tp,
@@ -543,6 +643,8 @@ impl Space {
             recompute_modules: rc.recompute_modules,
             sharding: sharding_axis(fixed),
             schedule,
+            dispatch,
+            ep_overlap,
             base,
             gpus: s.cluster.gpus,
             layers: m.layers,
@@ -639,23 +741,54 @@ impl Space {
                                 for &ep in &self.ep {
                                     for etp in self.etp_values(tp, moe) {
                                         for &sharding in &self.sharding {
-                                            out.push(Structure {
-                                                tp,
-                                                pp,
-                                                vpp,
-                                                cp,
-                                                ep,
-                                                etp,
-                                                split,
-                                                schedule,
-                                                sharding,
-                                            });
+                                            for choice in self.moe_values(moe, pp, vpp, ep) {
+                                                out.push(Structure {
+                                                    tp,
+                                                    pp,
+                                                    vpp,
+                                                    cp,
+                                                    ep,
+                                                    etp,
+                                                    split,
+                                                    schedule,
+                                                    sharding,
+                                                    moe: choice,
+                                                });
+                                            }
                                         }
                                     }
                                 }
                             }
                         }
                     }
+                }
+            }
+        }
+        out
+    }
+
+    /// The MoE choices to try for a pipeline of `pp` stages of `vpp` chunks at expert
+    /// parallelism `ep`: `[None]` for dense models; the first dispatcher alone without EP (the
+    /// dispatcher then only moves tokens inside TP); the overlap only where it is legal.
+    pub fn moe_values(&self, moe: bool, pp: u32, vpp: u32, ep: u32) -> Vec<Option<MoeChoice>> {
+        if !moe {
+            return vec![None];
+        }
+        let mut out = Vec::new();
+        let dispatchers: &[Dispatch] = if ep <= 1 {
+            &self.dispatch[..self.dispatch.len().min(1)]
+        } else {
+            &self.dispatch
+        };
+        for &dispatch in dispatchers {
+            for &ep_overlap in &self.ep_overlap {
+                let legal = !ep_overlap
+                    || (ep > 1 && dispatch != Dispatch::Allgather && (pp <= 1 || vpp > 1));
+                if legal {
+                    out.push(Some(MoeChoice {
+                        dispatch,
+                        ep_overlap,
+                    }));
                 }
             }
         }
@@ -676,6 +809,9 @@ impl Space {
         st.sharding.apply(&mut l);
         l.micro_batch_size = mbs;
         rc.apply(&mut l);
+        if let Some(choice) = st.moe {
+            choice.apply(&mut l);
+        }
         l
     }
 
@@ -699,7 +835,17 @@ impl Space {
             },
             schedule: l.schedule,
             sharding: Sharding::of(l),
+            moe: None,
         }
+    }
+
+    /// The structure of a layout of a scenario's model (with its MoE choice).
+    pub fn structure_in(s: &Scenario, l: &Layout) -> Structure {
+        let mut st = Space::structure_of(l);
+        if s.model.moe.is_some() {
+            st.moe = Some(MoeChoice::of(l));
+        }
+        st
     }
 
     /// Most layers in one model chunk of a structure (what full recompute can count up to).
@@ -740,6 +886,21 @@ impl Space {
         &self,
         st: &Structure,
     ) -> Option<(RecomputeChoice, RecomputeChoice, u64)> {
+        if st.moe.is_some_and(|c| c.ep_overlap) {
+            // The overlap's family (no full recompute, no `moe` module): listed.
+            let choices = self.recompute_choices(st);
+            let first = *choices.first()?;
+            let most = choices
+                .iter()
+                .filter(|c| c.recompute == Recompute::Selective)
+                .fold(ModuleSet::EMPTY, |a, c| a.union(c.modules));
+            let last = if most.is_empty() {
+                *choices.last()?
+            } else {
+                RecomputeChoice::selective(most)
+            };
+            return Some((first, last, choices.len() as u64));
+        }
         let first = *self.recompute.first()?;
         let last = *self.recompute.last()?;
         let (full_first, full_len) = match self.recompute_layers {
@@ -780,8 +941,18 @@ impl Space {
     /// every layer count (fewest first, 0 = every layer last).
     pub fn recompute_choices(&self, st: &Structure) -> Vec<RecomputeChoice> {
         let mut out = Vec::new();
+        let overlap = st.moe.is_some_and(|c| c.ep_overlap);
         for &r in &self.recompute {
             match r {
+                // Megatron's EP overlap runs without full recompute and without the `moe`
+                // recompute module (TransformerConfig.__post_init__).
+                Recompute::Full if overlap => {}
+                Recompute::Selective if overlap => out.extend(
+                    self.recompute_modules
+                        .iter()
+                        .filter(|m| !m.contains(RecomputeModule::Moe))
+                        .map(|m| RecomputeChoice::selective(*m)),
+                ),
                 Recompute::Full => out.extend(
                     self.full_recompute_counts(st)
                         .into_iter()
@@ -801,7 +972,7 @@ impl Space {
     /// Whether a layout is a member of the space (every searched axis takes an allowed value
     /// and every other field equals the space's).
     pub fn contains(&self, s: &Scenario, l: &Layout) -> bool {
-        let st = Space::structure_of(l);
+        let st = Space::structure_in(s, l);
         let moe = s.model.moe.is_some();
         let mp = l.tp as u64 * l.pp as u64 * l.cp as u64;
         let structural = self.tp.contains(&l.tp)
@@ -815,7 +986,10 @@ impl Space {
             && self.ep.contains(&l.ep)
             && self.etp_values(l.tp, moe).contains(&l.etp)
             && self.sharding.contains(&st.sharding)
-            && self.micro_batch_size.contains(&l.micro_batch_size);
+            && self.micro_batch_size.contains(&l.micro_batch_size)
+            && self
+                .moe_values(moe, l.pp, l.vpp, l.ep)
+                .contains(&st.moe);
         if !structural {
             return false;
         }
@@ -849,6 +1023,18 @@ impl Space {
                 .or_else(|| etps.first().copied())?;
         }
         let base = &self.base;
+        if s.model.moe.is_some() {
+            // The unsearched MoE options take the space's values; the dispatcher and overlap
+            // keep the layout's when the space has them, else its first.
+            let choice = MoeChoice::of(&l);
+            l.moe = base.moe.clone();
+            let choices = self.moe_values(true, l.pp, l.vpp, l.ep);
+            let keep = choices.contains(&Some(choice));
+            (*choices.first()?)?.apply(&mut l);
+            if keep {
+                choice.apply(&mut l);
+            }
+        }
         l.sequence_parallel = base.sequence_parallel;
         l.tp_comm_overlap = base.tp_comm_overlap;
         l.overlap_grad_reduce = base.overlap_grad_reduce;
@@ -879,7 +1065,7 @@ impl Space {
         if l.recompute != Recompute::Full {
             l.recompute_layers = 0;
         } else {
-            let counts = self.full_recompute_counts(&Space::structure_of(&l));
+            let counts = self.full_recompute_counts(&Space::structure_in(s, &l));
             if !counts.contains(&l.recompute_layers) {
                 l.recompute_layers = if self.recompute_layers.is_some() {
                     counts[0]

@@ -23,8 +23,7 @@
 //!   the forward of one micro-batch and the backward of another are scheduled layer by layer
 //!   on a compute and a communication stream, so a layer's dispatch and combine (both passes)
 //!   hide behind the `epOverlap` fraction of the two passes' computation (with
-//!   `delayWgrad`, the experts' weight gradients too); the first forward and the last backward
-//!   of the step are not paired (1 of m micro-batches).
+//!   `delayWgrad`, the experts' weight gradients too).
 //!
 //! Host time: after the dispatcher's device-to-host copy of the per-expert token counts
 //! (`moeHostSyncUs`), the GPU waits for the host to issue the rest of the layer; a section
@@ -89,18 +88,18 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
 }
 
 /// Exposed dispatch + combine of both passes under `--overlap-moe-expert-parallel-comm`: the
-/// paired passes hide `comm` (per pass) behind the `epOverlap` fraction of their computation;
-/// the unpaired first forward and last backward (1 of m) expose it. Charged to the backward,
-/// which the pairing merges the forward into.
+/// paired passes hide `comm` (per pass) behind the `epOverlap` fraction of their computation.
+/// Charged to the backward, which the pairing merges the forward into. The first forward and
+/// the last backward of a step run unpaired: at m micro-batches that exposes 1/m of one
+/// layer's communication, which is left out (so the exhaustive search's throughput bound,
+/// projected on one micro-batch, stays an upper bound).
 fn overlapped(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> FwdBwd {
     let eff = ctx.hardware.efficiency.ep_overlap;
     let wgrad = if cc.l.moe.delay_wgrad { t.wgrad } else { 0.0 };
     let window = eff * (t.forward + t.dgrad + wgrad);
-    let paired = (2.0 * comm - window).max(0.0);
-    let unpaired = 1.0 / cc.microbatches.max(1.0);
     FwdBwd {
-        forward: comm * unpaired,
-        backward: paired * (1.0 - unpaired) + comm * unpaired,
+        forward: 0.0,
+        backward: (2.0 * comm - window).max(0.0),
     }
 }
 
