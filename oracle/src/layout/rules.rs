@@ -23,7 +23,7 @@ pub struct LayoutError {
 }
 
 impl LayoutError {
-    fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
+    pub(super) fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
         LayoutError {
             rule,
             field: field.to_string(),
@@ -73,6 +73,7 @@ impl Layout {
         self.check_recompute(s)?;
         self.check_sharding()?;
         self.check_moe_options(s)?;
+        self.check_memory_options(s)?;
         Ok(())
     }
 

@@ -435,7 +435,7 @@ pub fn tune(
             stats,
             Some((r, fits)),
             None,
-            headroom,
+            &filter,
             start.elapsed().as_secs_f64(),
         ));
     };
@@ -466,7 +466,7 @@ pub fn tune(
         outcome.stats,
         reference,
         outcome.agent,
-        headroom,
+        &filter,
         start.elapsed().as_secs_f64(),
     ))
 }

@@ -61,6 +61,18 @@ pub const LAYOUT_COLUMNS: &[&str] = &[
     "fsdpKind",
     "fp8Recipe",
     "cudaGraph",
+    "attentionDropout",
+    "hiddenDropout",
+    "precisionAwareOptimizer",
+    "mainGradsDtype",
+    "mainParamsDtype",
+    "expAvgDtype",
+    "expAvgSqDtype",
+    "optimizerCpuOffload",
+    "optimizerOffloadFraction",
+    "activationOffloadLayers",
+    "fp8ParamGather",
+    "expandableSegments",
 ];
 
 /// Columns of the MoE execution options: the fields of `spec.parallelism.moe`.
@@ -84,6 +96,12 @@ pub const MOE_COLUMNS: &[&str] = &[
 /// Gradient precision of a row without a `gradReduceInFp32` cell: BF16, as the published
 /// performance recipes run (see the module documentation).
 pub(super) const ROW_GRAD_REDUCE_IN_FP32: bool = false;
+
+/// Dropout of a row without `attentionDropout` / `hiddenDropout` cells: none, as the published
+/// recipes' models (Llama, Qwen, Mixtral, DeepSeek, gpt-oss, and NeMo's GPT-3 performance
+/// configs) are built from Hugging Face configurations without dropout, while a TrainingPlan's
+/// layout defaults to Megatron-LM's 0.1.
+const ROW_DROPOUT: f64 = 0.0;
 
 /// Split CSV text into records (RFC 4180: quoted fields may hold commas, doubled quotes and
 /// newlines). Returns (line number of the record's start, fields).
@@ -263,16 +281,17 @@ fn layout_value(col: &str, v: &str) -> serde_json::Value {
         _ => match v.to_ascii_lowercase().as_str() {
             "true" => serde_json::Value::Bool(true),
             "false" => serde_json::Value::Bool(false),
-            _ => v
-                .parse::<u64>()
-                .map(serde_json::Value::from)
-                .unwrap_or_else(|_| serde_json::Value::String(v.to_string())),
+            _ => match (v.parse::<u64>(), v.parse::<f64>()) {
+                (Ok(n), _) => serde_json::Value::from(n),
+                (_, Ok(x)) if x.is_finite() => serde_json::Value::from(x),
+                _ => serde_json::Value::String(v.to_string()),
+            },
         },
     }
 }
 
 /// A numeric column that must be greater than 0.
-fn positive<T>(row: &Row, col: &str) -> Result<T, String>
+pub(super) fn positive<T>(row: &Row, col: &str) -> Result<T, String>
 where
     T: std::str::FromStr + PartialOrd + Default,
     T::Err: std::fmt::Display,
@@ -375,6 +394,10 @@ pub(super) fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String>
     }
     obj.entry("gradReduceInFp32")
         .or_insert(serde_json::Value::Bool(ROW_GRAD_REDUCE_IN_FP32));
+    for col in ["attentionDropout", "hiddenDropout"] {
+        obj.entry(col)
+            .or_insert(serde_json::Value::from(ROW_DROPOUT));
+    }
     from_value_at(serde_json::Value::Object(obj), "column").map_err(|e| e.to_string())
 }
 
