@@ -25,7 +25,10 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
         "{text}"
     );
     assert!(text.contains("P1s") && text.contains("N20"), "{text}");
-    assert!(text.contains("dense: 15 rows") && text.contains("MoE: 4 rows"), "{text}");
+    assert!(
+        text.contains("dense: 15 rows") && text.contains("MoE: 4 rows"),
+        "{text}"
+    );
     // A limit the projection cannot meet fails with a one-line reason.
     let bad = Command::cargo_bin("primus")
         .expect("binary")

@@ -12,11 +12,11 @@ mod recompute;
 mod rules;
 
 pub use exec::{CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind};
+pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
 pub use moe::{
     Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MoeOptions, RouterDtype,
     TokenDispatcher,
 };
-pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};
 pub use rules::{LayoutError, MAX_CAPACITY_FACTOR};

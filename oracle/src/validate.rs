@@ -33,13 +33,13 @@ pub mod fit;
 pub mod memory;
 mod stats;
 
-pub use csv::{
-    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
-    seconds_per_iteration,
-};
 use csv::{
     CheckedLayout, Row, check_with_balanced_split, positive, row_layout, row_measurement,
     row_scenario,
+};
+pub use csv::{
+    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
+    seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
 pub use stats::{Aggregate, RankGroup, spearman};

@@ -93,7 +93,12 @@ fn every_non_gated_row_names_its_reason_and_is_reported() {
         .filter(|x| matches!(x.status, RowStatus::UnknownPreset(_)))
         .count();
     // B300 and Kimi-K2 have no profile or card.
-    assert_eq!(unknown, 23, "{:?}", r.rows.iter().map(|x| &x.status).collect::<Vec<_>>());
+    assert_eq!(
+        unknown,
+        23,
+        "{:?}",
+        r.rows.iter().map(|x| &x.status).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -104,7 +109,10 @@ fn the_gated_and_non_gated_ids_do_not_overlap() {
             .map(|(_, f)| f[0].clone())
             .collect()
     };
-    let gated: Vec<String> = [PUBLISHED, EXTRA, MOE].iter().flat_map(|t| ids(t)).collect();
+    let gated: Vec<String> = [PUBLISHED, EXTRA, MOE]
+        .iter()
+        .flat_map(|t| ids(t))
+        .collect();
     for id in ids(NONGATED) {
         assert!(!gated.contains(&id), "{id} is both gated and non-gated");
     }

@@ -62,6 +62,17 @@ impl Layout {
 
     /// Check every legality rule against the scenario; the first broken rule.
     pub fn check(&self, s: &Scenario) -> Result<(), LayoutError> {
+        self.check_structure(s)?;
+        self.check_moe_options(s)?;
+        self.check_memory_options(s)?;
+        Ok(())
+    }
+
+    /// The rules of the parallel structure (sizes, grid, pipeline, experts, sequence, batch,
+    /// schedule, recompute, sharding), which come first in [`Layout::check`] and do not look
+    /// at the MoE execution options nor the memory options: layouts that differ only in those
+    /// share this verdict (the tuner checks it once for them).
+    pub fn check_structure(&self, s: &Scenario) -> Result<(), LayoutError> {
         self.check_sizes()?;
         self.check_grid(s)?;
         self.check_tensor_parallel(s)?;
@@ -72,8 +83,6 @@ impl Layout {
         self.check_schedule(s)?;
         self.check_recompute(s)?;
         self.check_sharding()?;
-        self.check_moe_options(s)?;
-        self.check_memory_options(s)?;
         Ok(())
     }
 

@@ -29,8 +29,9 @@
 //!   HybridEP on GB200/GB300, Primus-Turbo DeepEP on AMD Instinct), each without and with the
 //!   overlap (with `delayWgrad`) where the overlap is legal (EP > 1, not allgather, VPP with a
 //!   pipeline, no full recompute). `spec.tuning.allowed.dispatch` narrows it to what the image
-//!   ships. The options without a trade-off are turned on: Transformer Engine grouped GEMM
-//!   (unless the reference asks for the legacy one), permute and router fusion.
+//!   ships. Without a reference layout the options without a trade-off are turned on
+//!   (Transformer Engine grouped GEMM, permute and router fusion); a reference keeps its own,
+//!   as what its image runs.
 //!
 //! Everything else (sequence parallel, the overlap switches, routing, FP8 recipe, CUDA graphs)
 //! comes from the reference layout when the plan gives one, else from the defaults, unless
@@ -40,8 +41,7 @@ use std::collections::BTreeMap;
 
 use crate::error::FieldError;
 use crate::layout::{
-    Dispatch, GroupedGemm, Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule,
-    Schedule,
+    Dispatch, GroupedGemm, Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule,
 };
 use crate::model::ModelCard;
 use crate::plan::{AllowedAxes, FixedAxes, Tuning};
@@ -514,13 +514,14 @@ fn sharding_axis(fixed: &FixedAxes) -> Vec<Sharding> {
 }
 
 /// The MoE dispatchers and EP-overlap values after `allowed` and `fixed` (empty for dense
-/// models): by default the reference's dispatcher, alltoall and the hardware profile's flex
-/// backends; a dispatcher the GPU's stack does not run is an error naming the field.
+/// models): by default the reference layout's dispatcher (when the plan gives one), alltoall
+/// and the hardware profile's flex backends; a dispatcher the GPU's stack does not run is an
+/// error naming the field.
 fn moe_axes(
     s: &Scenario,
     fixed: &FixedAxes,
     allowed: &AllowedAxes,
-    base: &Layout,
+    reference: Option<&Layout>,
 ) -> Result<(Vec<Dispatch>, Vec<bool>), FieldError> {
     if s.model.moe.is_none() {
         return Ok((Vec::new(), vec![false]));
@@ -530,10 +531,39 @@ fn moe_axes(
         Some(b) => hw.flex_backend(b).is_some(),
         None => true,
     };
+    let listed = allowed.dispatch.iter().flatten().map(|d| (ALLOWED, *d));
+    if let Some((at, d)) = listed
+        .chain(fixed.dispatch.map(|d| (FIXED, d)))
+        .find(|(_, d)| !runs(d))
+    {
+        let have: Vec<&str> = hw
+            .flex_backends
+            .iter()
+            .map(|p| p.backend.as_str())
+            .collect();
+        return Err(FieldError::new(
+            format!("{at}.dispatch"),
+            format!(
+                "{} does not run on {} (its flex backends: {})",
+                d.as_str(),
+                hw.name,
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ),
+        ));
+    }
     // Allgather (Megatron's default) gathers every token of the TP x EP group on every rank:
     // searched only when the reference uses it or `allowed` lists it.
-    let mut default = vec![base.moe.dispatch(), Dispatch::Alltoall];
-    default.extend(hw.flex_backends.iter().map(|p| Dispatch::of_backend(p.backend)));
+    let mut default: Vec<Dispatch> = reference.map(|r| r.moe.dispatch()).into_iter().collect();
+    default.push(Dispatch::Alltoall);
+    default.extend(
+        hw.flex_backends
+            .iter()
+            .map(|p| Dispatch::of_backend(p.backend)),
+    );
     let mut dispatch = narrow(
         "dispatch",
         default,
@@ -620,9 +650,10 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
-        let (dispatch, ep_overlap) = moe_axes(s, fixed, allowed, &base)?;
-        if m.moe.is_some() {
-            // The options without a trade-off (module documentation).
+        let (dispatch, ep_overlap) = moe_axes(s, fixed, allowed, reference)?;
+        if m.moe.is_some() && reference.is_none() {
+            // The options without a trade-off (module documentation); a reference keeps its
+            // own: they are what its image runs.
             if base.moe.grouped_gemm == GroupedGemm::Sequential {
                 base.moe.grouped_gemm = GroupedGemm::Grouped;
             }
@@ -768,19 +799,16 @@ impl Space {
     }
 
     /// The MoE choices to try for a pipeline of `pp` stages of `vpp` chunks at expert
-    /// parallelism `ep`: `[None]` for dense models; the first dispatcher alone without EP (the
-    /// dispatcher then only moves tokens inside TP); the overlap only where it is legal.
+    /// parallelism `ep`: `[None]` for dense models; every dispatcher, also without EP (the
+    /// dispatchers still differ there: what they gather over expert TP, the fused permute of
+    /// the flex ones, which the rules allow only with ETP x EP > 1); the overlap only where it
+    /// is legal.
     pub fn moe_values(&self, moe: bool, pp: u32, vpp: u32, ep: u32) -> Vec<Option<MoeChoice>> {
         if !moe {
             return vec![None];
         }
         let mut out = Vec::new();
-        let dispatchers: &[Dispatch] = if ep <= 1 {
-            &self.dispatch[..self.dispatch.len().min(1)]
-        } else {
-            &self.dispatch
-        };
-        for &dispatch in dispatchers {
+        for &dispatch in &self.dispatch {
             for &ep_overlap in &self.ep_overlap {
                 let legal = !ep_overlap
                     || (ep > 1 && dispatch != Dispatch::Allgather && (pp <= 1 || vpp > 1));
@@ -987,9 +1015,7 @@ impl Space {
             && self.etp_values(l.tp, moe).contains(&l.etp)
             && self.sharding.contains(&st.sharding)
             && self.micro_batch_size.contains(&l.micro_batch_size)
-            && self
-                .moe_values(moe, l.pp, l.vpp, l.ep)
-                .contains(&st.moe);
+            && self.moe_values(moe, l.pp, l.vpp, l.ep).contains(&st.moe);
         if !structural {
             return false;
         }

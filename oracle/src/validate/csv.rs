@@ -453,7 +453,16 @@ pub(super) fn check_with_balanced_split(
         // --account-for-embedding/loss-in-pipeline-split; the CSV has no column for it.
         let mut l2 = layout.clone();
         l2.pipeline_layout = Some(pl);
-        if l2.check(scenario).is_ok() {
+        let again = l2.check(scenario);
+        if let Err(e) = again {
+            // Split fixed, another rule broken: that is the row's verdict.
+            return CheckedLayout {
+                layout: l2,
+                verdict: Err(e),
+                notes,
+            };
+        }
+        {
             notes.push(format!(
                 "{} layers do not split evenly over pp*vpp = {}: embedding and loss counted as one layer each in the pipeline split",
                 card.layers + card.mtp_layers,

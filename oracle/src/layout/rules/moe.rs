@@ -55,7 +55,8 @@ impl Layout {
     }
 
     /// The flex backend: only with the flex dispatcher (TC), run by the GPU's stack (the
-    /// hardware profile's `flexBackends`); Primus-Turbo DeepEP needs fp32 router probabilities
+    /// hardware profile's `flexBackends`); the flex dispatcher needs ETP x EP > 1
+    /// (`token_dispatcher.py`); Primus-Turbo DeepEP needs fp32 router probabilities
     /// and no shared-expert overlap (Primus `patches/args/rocm_arg_validation.py`); shared
     /// expert overlap needs alltoall or flex (TC).
     fn check_dispatcher(&self, s: &Scenario) -> Result<(), LayoutError> {
@@ -96,6 +97,15 @@ impl Layout {
                         known.join(", ")
                     }
                 ),
+            );
+        }
+        if m.token_dispatcher == TokenDispatcher::Flex && self.ep as u64 * self.etp as u64 <= 1 {
+            // MoEFlexTokenDispatcher.__init__ (megatron/core/transformer/moe/token_dispatcher.py):
+            // "Flex token dispatcher requires TPxEP > 1" (its TP is the expert TP group).
+            return fail(
+                "flex-needs-etp-ep",
+                "moe.tokenDispatcher",
+                "the flex dispatcher needs etp x ep > 1 (Megatron's MoEFlexTokenDispatcher)",
             );
         }
         if m.backend() == Some(FlexBackend::PrimusTurboDeepep) {
