@@ -123,7 +123,8 @@ fn ep_overlap_rules() {
     l.check(&s).expect("overlap with alltoall, EP 8, VPP 2");
     l.moe.delay_wgrad = true;
     l.check(&s).expect("with delayed weight gradients");
-    let cases: [(&str, fn(&mut Layout)); 5] = [
+    type Change = fn(&mut Layout);
+    let cases: [(&str, Change); 5] = [
         ("ep", |l| {
             l.ep = 1;
         }),
