@@ -160,7 +160,8 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
         .expect("runs");
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 23);
+    // 19 rows: N4, N5, N10 and N12 moved to moe-nongated.csv (issue 16).
+    assert_eq!(rows.len(), 19);
     assert!(
         rows.iter()
             .all(|r| r["outcome"] == "ran" && r["verdict"].is_string())
