@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use super::{CliError, Common, Output, catalog, print_json};
-use primus_oracle::validate::{Metric, Report, RowStatus, validate_file};
+use primus_oracle::validate::{
+    Aggregate, Metric, Options, Report, RowStatus, fit::Constant, validate_files_with,
+};
 
 pub mod memory;
 
@@ -15,8 +17,10 @@ pub struct Args {
     pub common: Common,
     /// CSV file in the format of shared/validation/published.csv. Its `recompute` column
     /// takes none, selective, full, or selective(MODULES) with Megatron's --recompute-modules
-    /// names joined by `+`, e.g. selective(layernorm+moe_act).
-    pub file: PathBuf,
+    /// names joined by `+`, e.g. selective(layernorm+moe_act). Several files are validated as
+    /// one set (aggregates, rank correlations and the refit over all their rows).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
@@ -38,6 +42,9 @@ pub struct Args {
     /// the error band) or a missed OOM.
     #[arg(long)]
     pub strict: bool,
+    /// Skip the refit of the fitted MoE constants and the leave-one-model-out figure.
+    #[arg(long)]
+    pub no_refit: bool,
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -50,6 +57,7 @@ fn num(v: Option<f64>, metric: Metric) -> String {
         (None, _) => "-".into(),
         (Some(v), Metric::SecondsPerIteration) => format!("{v:.2} s"),
         (Some(v), Metric::TokensPerSecondPerGpu) => format!("{v:.0}"),
+        (Some(v), Metric::TflopsPerGpu) => format!("{v:.0} TF"),
     }
 }
 
@@ -67,8 +75,15 @@ fn short_layout(label: &str) -> String {
 
 /// The human table.
 pub fn table(r: &Report) -> String {
+    let w = r
+        .rows
+        .iter()
+        .map(|row| row.id.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
     let mut out = format!(
-        "{:<5} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
+        "{:<w$} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
         "ID",
         "MODEL",
         "GPU",
@@ -84,7 +99,7 @@ pub fn table(r: &Report) -> String {
     );
     for row in &r.rows {
         out.push_str(&format!(
-            "{:<5} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
+            "{:<w$} {:<16} {:<10} {:>5} {:<44} {:>10} {:>10} {:>8} {:>8} {:>8} {:>6} {:<13}\n",
             row.id,
             row.model,
             row.gpu,
@@ -150,7 +165,81 @@ pub fn table(r: &Report) -> String {
             }
         ));
     }
+    out.push_str(&summary(r));
     out
+}
+
+fn aggregate(name: &str, a: &Aggregate) -> String {
+    let p = |v: Option<f64>| {
+        v.map(|v| format!("{:.1}%", v * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "{name}: {} rows, |error| median {}, mean {}, max {}\n",
+        a.rows,
+        p(a.median_abs_error),
+        p(a.mean_abs_error),
+        p(a.max_abs_error)
+    )
+}
+
+/// The dense and MoE aggregates, the rank correlations, the leave-one-model-out figure and
+/// the fitted MoE constants.
+fn summary(r: &Report) -> String {
+    let mut out = String::new();
+    out.push_str(&aggregate("dense", &r.dense));
+    out.push_str(&aggregate("MoE", &r.moe));
+    if !r.held_out.is_empty() {
+        out.push_str(&aggregate(
+            "MoE, leave one model out (constants refitted without the model's rows)",
+            &r.held_out_moe,
+        ));
+    }
+    let ranked: Vec<String> = r
+        .ranks
+        .iter()
+        .filter_map(|g| {
+            g.rho.map(|rho| {
+                format!(
+                    "{} on {} ({} rows, {}) {rho:+.2}",
+                    g.model,
+                    g.gpu,
+                    g.rows,
+                    g.metric.unit()
+                )
+            })
+        })
+        .collect();
+    if !ranked.is_empty() {
+        out.push_str(&format!(
+            "Spearman rho, projected vs measured, per model x GPU (3+ rows): {}\n",
+            ranked.join("; ")
+        ));
+    }
+    for g in &r.generations {
+        let values: Vec<String> = g
+            .profile
+            .values
+            .iter()
+            .zip(&g.refit.values)
+            .map(|((k, p), (_, f))| format!("{} {} -> {}", constant_name(*k), round(*p), round(*f)))
+            .collect();
+        out.push_str(&format!(
+            "fitted MoE constants, {} ({} rows; profile -> refit on these rows): {}\n",
+            g.generation,
+            g.rows,
+            values.join(", ")
+        ));
+    }
+    out
+}
+
+fn round(v: f64) -> String {
+    format!("{}", (v * 1000.0).round() / 1000.0)
+}
+
+fn constant_name(k: Constant) -> String {
+    k.path()
 }
 
 pub fn run(args: &Args) -> Result<(), CliError> {
@@ -158,7 +247,14 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         return memory::run(args);
     }
     let c = catalog(&args.common)?;
-    let report = validate_file(&args.file, &c)?;
+    let paths: Vec<&std::path::Path> = args.files.iter().map(PathBuf::as_path).collect();
+    let report = validate_files_with(
+        &paths,
+        &c,
+        Options {
+            refit: !args.no_refit,
+        },
+    )?;
     match args.output {
         Output::Json => print_json(&report)?,
         Output::Table => print!("{}", table(&report)),

@@ -121,7 +121,7 @@ fn table_output_lists_the_top_layouts_and_the_reference() {
         "{text}"
     );
     assert!(
-        text.contains("ref  TP1 PP4 VPP2 EP8 MBS2 interleaved"),
+        text.contains("ref  TP1 PP4 VPP2 EP8 MBS2 alltoall,grouped,forced interleaved"),
         "{text}"
     );
     assert!(

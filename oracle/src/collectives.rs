@@ -556,6 +556,8 @@ pub struct Placement {
     pub ep: Group,
     /// Expert data parallel (expert gradients): stride etp * ep.
     pub edp: Group,
+    /// Tensor x expert parallel (the allgather MoE dispatcher's group): stride 1.
+    pub tp_ep: Group,
     /// Pipeline: stride tp * cp * dp.
     pub pp: Group,
     /// Whether a pipeline hop leaves the scale-up domain.
@@ -576,6 +578,7 @@ impl Placement {
             etp: topo.group(world, l.etp, 1),
             ep: topo.group(world, l.ep, l.etp),
             edp: topo.group(world, edp, expert_grid),
+            tp_ep: topo.group(world, (l.tp * l.ep).min(stage.max(1)), 1),
             pp,
             pp_crosses_domain: pp.domains > 1,
         }

@@ -20,8 +20,10 @@ use crate::precision::Precision;
 use crate::scenario::Scenario;
 use crate::units::MICROSECOND;
 
+mod moe;
 mod ops;
 
+pub use moe::*;
 pub use ops::*;
 
 /// Bytes of one BF16 activation element.
@@ -54,6 +56,37 @@ pub enum OpClass {
     Memory,
 }
 
+/// The parts of a decoder layer whose host cost differs: the capture scopes of Megatron's
+/// per-layer CUDA graphs (`--cuda-graph-modules`: attn, mlp, moe_router, moe) and, in a MoE
+/// layer, the side of the token dispatcher's host synchronisation each runs on (everything
+/// but the routed experts runs before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    /// The attention block (projections, attention core, norms, residuals, rotary).
+    Attention,
+    /// The dense MLP.
+    Mlp,
+    /// The MoE block's shared experts.
+    SharedExperts,
+    /// The router and the dispatcher's preprocessing (up to its host synchronisation).
+    Router,
+    /// The routed experts with their permutation, dispatch and combine (after the sync).
+    Experts,
+}
+
+impl Part {
+    pub const COUNT: usize = 5;
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether the part runs after the MoE dispatcher's host synchronisation.
+    pub fn after_sync(self) -> bool {
+        self == Part::Experts
+    }
+}
+
 /// Which pass of an op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pass {
@@ -84,11 +117,15 @@ pub struct Op {
     pub fp8: bool,
     /// Kernels one forward pass launches.
     pub kernels: f64,
+    /// Framework-level (Python, PyTorch dispatch) calls that launch them: each costs the host
+    /// `cpuLaunchUs`; kernels beyond them are launched from library code (a grouped GEMM's
+    /// per-expert GEMMs) at `libraryLaunchUs` each.
+    pub host_ops: f64,
     /// Part of Megatron's selective recomputation (`core_attn`).
     pub selective: bool,
-    /// Runs after the MoE dispatcher's host synchronisation (the expert section of a MoE
-    /// layer), where the host must re-issue every kernel before the GPU can run it.
-    pub after_sync: bool,
+    /// The part of the layer the op belongs to: what a CUDA-graph scope captures, and whether
+    /// it runs before or after the MoE dispatcher's host synchronisation.
+    pub part: Part,
     /// Work of this GPU relative to balanced routing (the busiest expert-parallel rank's
     /// load factor, already folded into `m` and `flops` of expert GEMMs); 1 otherwise.
     /// Model FLOPs count the balanced work: `flops / load`.
@@ -114,10 +151,17 @@ impl Op {
             bytes: 0.0,
             fp8,
             kernels: 1.0,
+            host_ops: 1.0,
             selective: false,
-            after_sync: false,
+            part: Part::Attention,
             load: 1.0,
         }
+    }
+
+    /// The same op in another part of the layer.
+    pub fn in_part(mut self, part: Part) -> Op {
+        self.part = part;
+        self
     }
 
     /// A memory-bound op moving `bytes` forward in `kernels` kernels.
@@ -133,8 +177,9 @@ impl Op {
             bytes,
             fp8: false,
             kernels,
+            host_ops: kernels,
             selective: false,
-            after_sync: false,
+            part: Part::Attention,
             load: 1.0,
         }
     }
@@ -202,6 +247,8 @@ impl OpList {
 pub struct TimerContext<'a> {
     pub hardware: &'a HardwareProfile,
     pub precision: Precision,
+    /// The FP8 scaling recipe (with precision fp8): how many kernels quantize a GEMM input.
+    pub fp8_recipe: crate::backend::Fp8Recipe,
 }
 
 /// Times ops. The analytic roofline is the default; benchmark calibration supplies measured
@@ -307,6 +354,17 @@ impl OpTimer for AnalyticTimer {
     }
 }
 
+/// One part of a layer: its GPU time per pass and what the host issues for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PartTimes {
+    pub forward: f64,
+    pub backward: f64,
+    /// Framework-level calls of the forward pass.
+    pub host_ops: f64,
+    /// Library kernel launches of the forward pass.
+    pub library: f64,
+}
+
 /// Times of one op list, per micro-batch, split the way the schedule needs them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct OpTimes {
@@ -327,12 +385,15 @@ pub struct OpTimes {
     /// Model FLOPs of the forward pass (GEMMs and attention core, balanced routing; the
     /// backward is counted as twice the forward by the published convention).
     pub model_flops_forward: f64,
-    /// Forward GPU time of the ops after the MoE dispatcher's host sync.
-    pub after_sync_forward: f64,
-    /// Backward (dgrad + wgrad) GPU time of those ops.
-    pub after_sync_backward: f64,
-    /// Kernel launches of those ops in the forward pass.
-    pub after_sync_launches: f64,
+    /// Forward GPU time per [`Part`].
+    pub part_forward: [f64; Part::COUNT],
+    /// Backward (dgrad + wgrad) GPU time per [`Part`].
+    pub part_backward: [f64; Part::COUNT],
+    /// Framework-level calls per [`Part`] in the forward pass.
+    pub part_host_ops: [f64; Part::COUNT],
+    /// Kernels per [`Part`] launched from library code in the forward pass (a grouped GEMM's
+    /// per-expert GEMMs, FP8 GEMMs' input quantization).
+    pub part_library: [f64; Part::COUNT],
 }
 
 impl OpTimes {
@@ -361,20 +422,20 @@ impl OpTimes {
             if op.selective {
                 t.selective_forward += f;
             }
-            if op.after_sync {
-                t.after_sync_forward += f;
-                t.after_sync_backward += dg + wg;
-                // An FP8 GEMM also launches the quantization of its input.
-                let quantize = matches!(op.class, OpClass::Gemm | OpClass::GroupedGemm)
-                    && op.fp8
-                    && ctx.precision == Precision::Fp8;
-                t.after_sync_launches += op.kernels
-                    * if quantize {
-                        1.0 + ctx.hardware.efficiency.fp8_quantize_launches
-                    } else {
-                        1.0
-                    };
-            }
+            let i = op.part.index();
+            t.part_forward[i] += f;
+            t.part_backward[i] += dg + wg;
+            // An FP8 GEMM also launches the quantization of its input.
+            let quantize = matches!(op.class, OpClass::Gemm | OpClass::GroupedGemm)
+                && op.fp8
+                && ctx.precision == Precision::Fp8;
+            t.part_host_ops[i] += op.host_ops;
+            t.part_library[i] += (op.kernels - op.host_ops).max(0.0)
+                + if quantize {
+                    op.host_ops * ctx.fp8_recipe.quantize_launches()
+                } else {
+                    0.0
+                };
         }
         t
     }
@@ -404,5 +465,17 @@ impl OpTimes {
     /// Whole backward pass.
     pub fn backward(&self) -> f64 {
         self.dgrad + self.wgrad
+    }
+
+    /// Forward GPU time, backward GPU time, and forward framework calls and library launches
+    /// of one part.
+    pub fn part(&self, p: Part) -> PartTimes {
+        let i = p.index();
+        PartTimes {
+            forward: self.part_forward[i],
+            backward: self.part_backward[i],
+            host_ops: self.part_host_ops[i],
+            library: self.part_library[i],
+        }
     }
 }

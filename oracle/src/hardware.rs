@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{FlexBackend, Fp8Recipe};
 use crate::bounds::{self, Bound, Bounded, Seen, limits};
 use crate::error::FieldError;
 use crate::precision::Precision;
@@ -126,11 +127,20 @@ pub struct Efficiency {
     /// its launches x this; 0 = not modelled.
     #[serde(default)]
     pub cpu_launch_us: f64,
-    /// Kernel launches of one FP8 quantization of a GEMM input: 1 for a fused block-scaled
-    /// cast (MXFP8 on Blackwell), about 3 for per-tensor current scaling (amax reduction,
-    /// scale update, cast and transpose: Hopper, MI300).
-    #[serde(default = "one")]
-    pub fp8_quantize_launches: f64,
+    /// Host cost of one kernel launched from library code rather than the framework (the
+    /// per-expert GEMMs of a grouped linear, FP8 quantization inside a Transformer Engine
+    /// module), microseconds; 0 = not modelled.
+    #[serde(default)]
+    pub library_launch_us: f64,
+    /// Host cost of replaying one captured CUDA graph (a whole captured scope of a layer),
+    /// microseconds; absent = one kernel's `cpuLaunchUs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_launch_us: Option<f64>,
+    /// Fraction of the partner micro-batch's computation behind which Megatron's EP
+    /// all-to-all overlap (`--overlap-moe-expert-parallel-comm`) hides the dispatch and
+    /// combine of a layer; 0 = not modelled (nothing hidden).
+    #[serde(default)]
+    pub ep_overlap: f64,
     /// Fixed per-iteration overhead (data loading, logging, gradient-norm and loss
     /// all-reduces, Python), milliseconds.
     #[serde(default)]
@@ -151,6 +161,26 @@ impl Efficiency {
     pub fn scale_out_collective(&self) -> f64 {
         self.scale_out_collective.unwrap_or(self.collective)
     }
+
+    /// Host seconds of replaying one captured graph.
+    pub fn graph_launch_seconds(&self) -> f64 {
+        self.graph_launch_us.unwrap_or(self.cpu_launch_us) * MICROSECOND
+    }
+}
+
+/// One flex-dispatcher library the GPU's software stack runs, with the fractions of the
+/// scale-up and scale-out link bandwidth its dispatch and combine kernels reach (fitted per
+/// GPU generation; see each profile).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlexBackendProfile {
+    /// The library.
+    pub backend: FlexBackend,
+    /// Fraction of the scale-up (NVLink, xGMI) bandwidth reached inside a domain.
+    pub scale_up: f64,
+    /// Fraction of the NIC bandwidth reached across domains.
+    pub scale_out: f64,
 }
 
 /// One GPU kind.
@@ -186,6 +216,15 @@ pub struct HardwareProfile {
     pub kubernetes: KubernetesNames,
     /// Time-model efficiency parameters.
     pub efficiency: Efficiency,
+    /// The flex MoE dispatch libraries this GPU's software stack runs (DeepEP and HybridEP on
+    /// Hopper and B200, HybridEP only on GB200/GB300 NVL72 where Megatron-Bridge skips DeepEP,
+    /// Primus-Turbo DeepEP on AMD Instinct); empty = none (alltoall and allgather only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flex_backends: Vec<FlexBackendProfile>,
+    /// FP8 scaling recipes the tensor cores run; absent = every recipe but mxfp8 (MX block
+    /// scaling needs Blackwell or CDNA 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipes: Option<Vec<Fp8Recipe>>,
 }
 
 /// How Kubernetes names the GPU, bounded.
@@ -247,6 +286,19 @@ impl HardwareProfile {
     /// HBM bandwidth in bytes per second.
     pub fn memory_bandwidth(&self) -> f64 {
         self.memory_bandwidth_gbps * GB
+    }
+
+    /// The profile of a flex backend, when the stack runs it.
+    pub fn flex_backend(&self, b: FlexBackend) -> Option<&FlexBackendProfile> {
+        self.flex_backends.iter().find(|p| p.backend == b)
+    }
+
+    /// Whether the tensor cores run an FP8 recipe.
+    pub fn supports_fp8_recipe(&self, r: Fp8Recipe) -> bool {
+        match &self.fp8_recipes {
+            Some(list) => list.contains(&r),
+            None => r != Fp8Recipe::Mxfp8,
+        }
     }
 
     /// Dense peak FLOP/s at a precision.
@@ -333,13 +385,33 @@ impl HardwareProfile {
             ("efficiency.gemmHalfDim", e.gemm_half_dim),
             ("efficiency.moeHostSyncUs", e.moe_host_sync_us),
             ("efficiency.cpuLaunchUs", e.cpu_launch_us),
-            ("efficiency.fp8QuantizeLaunches", e.fp8_quantize_launches),
+            ("efficiency.graphLaunchUs", e.graph_launch_us.unwrap_or(0.0)),
+            ("efficiency.libraryLaunchUs", e.library_launch_us),
             ("efficiency.stepOverheadMs", e.step_overhead_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(FieldError::new(
                     format!("{at}.{name}"),
                     format!("must be a non-negative number, got {v}"),
+                ));
+            }
+        }
+        if !(e.ep_overlap.is_finite() && (0.0..=1.0).contains(&e.ep_overlap)) {
+            return Err(FieldError::new(
+                format!("{at}.efficiency.epOverlap"),
+                format!("must be a fraction in [0, 1], got {}", e.ep_overlap),
+            ));
+        }
+        for (i, b) in self.flex_backends.iter().enumerate() {
+            fraction(&format!("flexBackends[{i}].scaleUp"), b.scale_up)?;
+            fraction(&format!("flexBackends[{i}].scaleOut"), b.scale_out)?;
+            if self.flex_backends[..i]
+                .iter()
+                .any(|o| o.backend == b.backend)
+            {
+                return Err(FieldError::new(
+                    format!("{at}.flexBackends[{i}].backend"),
+                    format!("{} is listed twice", b.backend.as_str()),
                 ));
             }
         }

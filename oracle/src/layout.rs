@@ -7,15 +7,22 @@ use serde::{Deserialize, Serialize};
 use crate::bounds::{self, Bound, Bounded, Seen, limits, patterns};
 use crate::error::FieldError;
 
+mod exec;
 mod memory_options;
+mod moe;
 mod pipeline;
 mod recompute;
 mod rules;
 
+pub use exec::{CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind};
 pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
+pub use moe::{
+    Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MoeOptions, RouterDtype,
+    TokenDispatcher,
+};
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};
-pub use rules::LayoutError;
+pub use rules::{LayoutError, MAX_CAPACITY_FACTOR};
 
 use memory_options::{
     full_fraction, is_false, is_fp32, is_full_fraction, is_megatron_dropout, is_zero,
@@ -164,6 +171,22 @@ pub struct Layout {
     /// the distributed optimizer keeps an FP32 copy of its gradient shard.
     #[serde(default = "yes")]
     pub grad_reduce_in_fp32: bool,
+    /// With `fsdp`: which implementation, torch (FSDP2, the default) or megatron
+    /// (Megatron-FSDP, which combines with expert parallelism).
+    #[serde(default, skip_serializing_if = "FsdpKind::is_torch")]
+    pub fsdp_kind: FsdpKind,
+    // --- MoE execution options and the options MoE recipes use (issue 16); kept together
+    // --- so other additions to the layout merge around them.
+    /// Mixture-of-experts execution options (dispatcher, grouped GEMM, overlap, routing).
+    #[serde(default, skip_serializing_if = "MoeOptions::is_default")]
+    pub moe: MoeOptions,
+    /// With precision fp8: Transformer Engine's scaling recipe (`--fp8-recipe`); absent =
+    /// Megatron's default, delayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipe: Option<Fp8Recipe>,
+    /// CUDA graphs (`--cuda-graph-impl`, `--cuda-graph-modules`); absent = none.
+    #[serde(default, skip_serializing_if = "CudaGraph::is_none")]
+    pub cuda_graph: CudaGraph,
 
     // ---- Optimizer and activation memory options (layout/memory_options.rs; Megatron flags
     // in megatron.rs; memory terms in memory/optimizer.rs, memory/activations.rs and
@@ -260,6 +283,10 @@ impl Default for Layout {
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             grad_reduce_in_fp32: true,
+            fsdp_kind: FsdpKind::Torch,
+            moe: MoeOptions::default(),
+            fp8_recipe: None,
+            cuda_graph: CudaGraph::default(),
             attention_dropout: megatron_dropout(),
             hidden_dropout: megatron_dropout(),
             precision_aware_optimizer: false,
@@ -324,7 +351,8 @@ impl Bounded for Layout {
         if let Some(e) = self.pipeline_layout.as_ref().and_then(|p| p.error()) {
             return Err(FieldError::new(bounds::path(at, "pipelineLayout"), e));
         }
-        bounds::check_rows(self, at, Self::BOUNDS)
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        bounds::check(&self.cuda_graph, &bounds::path(at, "cudaGraph"))
     }
 }
 
@@ -412,13 +440,25 @@ impl Layout {
             }
             Recompute::Full => s.push_str(" recompute=full"),
         }
-        if self.fsdp {
+        if self.fsdp && self.fsdp_kind == FsdpKind::Megatron {
+            s.push_str(" mfsdp");
+        } else if self.fsdp {
             s.push_str(" fsdp");
         } else if !self.distributed_optimizer {
             s.push_str(" no-distopt");
         }
         if !self.grad_reduce_in_fp32 {
             s.push_str(" bf16-grads");
+        }
+        let moe = self.moe.label();
+        if !moe.is_empty() {
+            s.push(' ');
+            s.push_str(&moe);
+        }
+        let graphs = self.cuda_graph.label();
+        if !graphs.is_empty() {
+            s.push(' ');
+            s.push_str(&graphs);
         }
         for w in self.memory_options_label() {
             s.push(' ');
@@ -427,5 +467,15 @@ impl Layout {
         s.push(' ');
         s.push_str(self.schedule.as_str());
         s
+    }
+
+    /// The FP8 recipe in effect (Megatron's default, delayed, when none is named).
+    pub fn fp8_recipe(&self) -> Fp8Recipe {
+        self.fp8_recipe.unwrap_or(Fp8Recipe::Delayed)
+    }
+
+    /// Torch FSDP2 is in effect (`fsdp` with the torch kind).
+    pub fn torch_fsdp(&self) -> bool {
+        self.fsdp && self.fsdp_kind == FsdpKind::Torch
     }
 }

@@ -8,8 +8,9 @@
 //! that `kubectl apply` sends into them.
 //!
 //! The top-level modules depend on each other without cycles (`tests/module_graph.rs` checks
-//! it): `error`, `units` and `precision` are leaves; `bounds` (the limits of every input
-//! field) sits on `error`; `parse`, `model` and `hardware` sit on them; `scenario` on those; then `layout`, `profiles`, `plan`, the models (`collectives`,
+//! it): `error`, `units`, `precision` and `backend` are leaves; `bounds` (the limits of every
+//! input field) sits on `error`; `parse`, `model` and `hardware` sit on them; `scenario` on
+//! those; then `layout`, `profiles`, `plan`, the models (`collectives`,
 //! `compute`, `memory`, `schedule`, `projection`), `report` and, on top, `bench`,
 //! `calibrate`, `megatron` (and `primus`, its Primus keys, command lines and presets),
 //! `validate` and `tune`.
@@ -21,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod bench;
 pub mod bounds;
 pub mod calibrate;

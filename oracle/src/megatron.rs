@@ -8,6 +8,10 @@
 use std::collections::BTreeMap;
 
 use crate::bounds::limits;
+mod moe;
+
+pub use moe::moe_flag;
+
 use crate::error::FieldError;
 use crate::layout::{
     Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute, RecomputeModule, Schedule,
@@ -87,6 +91,15 @@ pub mod flag {
     /// positive value turns `cpu_offloading` on).
     pub const CPU_OFFLOADING_NUM_LAYERS: &str = "--cpu-offloading-num-layers";
     pub const FP8_PARAM_GATHER: &str = "--fp8-param-gather";
+}
+
+/// Every flag the layout writer can write (and a job writer therefore owns), with whether it
+/// takes a value, beyond the [`flag`] constants: the MoE and execution option flags.
+pub fn option_flags() -> impl Iterator<Item = (&'static str, bool)> {
+    moe::VALUED
+        .iter()
+        .map(|f| (*f, true))
+        .chain(moe::SWITCHES.iter().map(|f| (*f, false)))
 }
 
 /// Environment variables that configure PyTorch's caching allocator (`expandable_segments`):
@@ -253,7 +266,11 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
             a.push("hybrid".into());
         }
     }
-    if l.fsdp {
+    if l.fsdp && l.fsdp_kind == crate::layout::FsdpKind::Megatron {
+        // Megatron-FSDP (v1) runs on the distributed optimizer (arguments.py turns it on).
+        a.push(moe_flag::MEGATRON_FSDP.into());
+        a.push(flag::DIST_OPT.into());
+    } else if l.fsdp {
         a.push(flag::FSDP.into());
     } else if l.distributed_optimizer {
         a.push(flag::DIST_OPT.into());
@@ -276,6 +293,7 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     if !l.grad_reduce_in_fp32 {
         a.push(flag::GRAD_REDUCE_IN_BF16.into());
     }
+    moe::write(s, l, &mut a);
     memory_option_args(l, &mut a);
     a
 }
@@ -447,7 +465,7 @@ pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
 ];
 
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
-const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES];
+pub const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES, moe_flag::CUDA_GRAPH_MODULES];
 
 /// Flags found in a command line: flag -> value (None for switches; the words of a list flag
 /// joined by single spaces). The last occurrence wins, as with argparse.
@@ -526,7 +544,7 @@ impl MegatronArgs {
                 values.insert(k.to_string(), Some(v.to_string()));
                 continue;
             }
-            if SWITCHES.contains(&t.as_str()) {
+            if is_switch(t) {
                 values.insert(t.clone(), None);
                 continue;
             }
@@ -697,6 +715,7 @@ impl MegatronArgs {
             let block = self.get(flag::RECOMPUTE_METHOD) == Some("block");
             l.recompute_layers = if block && n < per_stage { n } else { 0 };
         }
+        moe::read(self, model, &mut l)?;
         self.memory_options(&mut l)?;
         Ok(l)
     }
@@ -853,9 +872,10 @@ impl MegatronArgs {
     }
 }
 
-/// Whether a flag takes no value (a switch such as `--sequence-parallel`).
+/// Whether a flag takes no value (a switch such as `--sequence-parallel`, or a MoE option
+/// switch such as `--moe-grouped-gemm`).
 pub fn is_switch(f: &str) -> bool {
-    SWITCHES.contains(&f)
+    SWITCHES.contains(&f) || moe::SWITCHES.contains(&f)
 }
 
 /// Whether a flag takes a list of values (every word up to the next flag).

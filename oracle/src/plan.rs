@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::bounds::{self, Bound, Bounded, Seen, limits, patterns};
 use crate::error::{FieldError, PlanError};
 use crate::hardware::HardwareProfile;
-use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
+use crate::layout::{Dispatch, Layout, Recompute, RecomputeModule, Schedule};
 use crate::model::ModelCard;
 use crate::parse::{from_value_at, one_line, parse_yaml_value};
 use crate::profiles::Catalog;
@@ -126,6 +126,13 @@ pub struct FixedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Pin the pipeline schedule to this value.
     pub schedule: Option<Schedule>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin the MoE token dispatcher (allgather, alltoall, deepep, hybridep,
+    /// primus-turbo-deepep: the flex ones name their backend).
+    pub dispatch: Option<Dispatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pin Megatron's EP communication overlap (`--overlap-moe-expert-parallel-comm`).
+    pub ep_overlap: Option<bool>,
 }
 
 /// Value lists per axis (`spec.tuning.allowed`).
@@ -165,6 +172,13 @@ pub struct AllowedAxes {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Allowed values of the pipeline schedule.
     pub schedule: Option<Vec<Schedule>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed MoE token dispatchers (what the image ships: e.g. `[alltoall, deepep]`);
+    /// by default alltoall, the reference's and every flex backend of the hardware profile.
+    pub dispatch: Option<Vec<Dispatch>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Allowed values of the EP communication overlap.
+    pub ep_overlap: Option<Vec<bool>>,
 }
 
 /// Pinned axes, bounded.

@@ -3,7 +3,8 @@
 
 use primus_oracle::profiles::Catalog;
 use primus_oracle::validate::{
-    Metric, RowStatus, embedding_and_loss_split, parse_csv, seconds_per_iteration, validate_text,
+    Metric, Options, RowStatus, embedding_and_loss_split, parse_csv, seconds_per_iteration,
+    validate_text, validate_text_with,
 };
 
 const PUBLISHED: &str = include_str!("data/published.csv");
@@ -11,12 +12,13 @@ const PUBLISHED: &str = include_str!("data/published.csv");
 #[test]
 fn published_runs_are_projected_within_the_targets() {
     let c = Catalog::builtin().expect("catalog");
-    let r = validate_text(PUBLISHED, &c).expect("valid file");
+    let r = validate_text_with(PUBLISHED, &c, Options { refit: false }).expect("valid file");
     for row in &r.rows {
         assert_eq!(row.status, RowStatus::Ok, "{} not projected", row.id);
     }
     assert_eq!(r.failed, 0);
-    assert_eq!(r.projected, 23);
+    // N4, N5, N10 and N12 moved to data/moe-nongated.csv with their reasons (issue 16).
+    assert_eq!(r.projected, 19);
     let median = r.median_abs_error.expect("median");
     let max = r.max_abs_error.expect("max");
     let table: Vec<String> = r

@@ -167,7 +167,12 @@ fn list(ids: &[String]) -> String {
 /// Run `validate --memory`: print, then apply the gate flags to the Megatron-family rows.
 pub fn run(args: &Args) -> Result<(), CliError> {
     let c = catalog(&args.common)?;
-    let v = validate_memory_file(&args.file, &c)?;
+    let [file] = args.files.as_slice() else {
+        return Err(CliError::Input(
+            "validate --memory takes one FILE (the memory set or a throughput CSV)".into(),
+        ));
+    };
+    let v = validate_memory_file(file, &c)?;
     match args.output {
         Output::Json => print_json(&v)?,
         Output::Table => print!("{}", table(&v)),

@@ -80,6 +80,7 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         .iter()
         .map(|f| (*f, true))
         .chain(switches.iter().map(|f| (*f, false)))
+        .chain(primus_oracle::megatron::option_flags())
         .collect()
 }
 
@@ -96,8 +97,8 @@ fn owned_with(ours: &[String]) -> Vec<(&str, bool)> {
     owned
 }
 
-/// Owned flags that take a list (every word up to the next flag).
-const LIST_FLAGS: &[&str] = &[flag::RECOMPUTE_MODULES];
+/// Owned flags that take a list (every word up to the next flag): the oracle's list.
+const LIST_FLAGS: &[&str] = primus_oracle::megatron::LISTS;
 
 /// Indices of the words to keep after removing the owned flags (and their values; all of them
 /// for a list flag).

@@ -76,6 +76,7 @@ impl Device for SimulatedDevice<'_> {
         let ctx = TimerContext {
             hardware: &self.scenario.hardware,
             precision: self.scenario.training.precision,
+            fp8_recipe: crate::backend::Fp8Recipe::Delayed,
         };
         Ok(vec![AnalyticTimer.op_seconds(&ctx, &case.op, case.pass)])
     }

@@ -149,6 +149,7 @@ pub(super) fn op_ratios(s: &Scenario, report: &BenchmarkResults) -> OpRatios {
         let ctx = TimerContext {
             hardware: hw,
             precision: m.precision,
+            fp8_recipe: crate::backend::Fp8Recipe::Delayed,
         };
         let fp8 = m.precision == Precision::Fp8;
         let (op, matched) = match known.get(stem) {

@@ -268,6 +268,7 @@ fn ratios_interpolate_log_log_between_two_measured_shapes() {
     let ctx = TimerContext {
         hardware: &s.hardware,
         precision: Precision::Bf16,
+        fp8_recipe: crate::backend::Fp8Recipe::Delayed,
     };
     let analytic = |m: f64, n: f64, k: f64| {
         AnalyticTimer.op_seconds(&ctx, &Op::gemm("t", m, n, k, 1.0, false), Pass::Forward)

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::layout::{ModuleSet, RecomputeModule};
-use crate::model::{MlaConfig, MoeConfig};
+use crate::model::MlaConfig;
 
 /// The kinds of decoder layer whose cost differs: dense or MoE block, full or sliding-window
 /// attention. Costs are computed once per kind, not per layer.
@@ -28,6 +28,8 @@ pub struct Dims {
     pub etp: f64,
     /// Sequence parallelism in effect.
     pub sp: bool,
+    /// The layout's MoE execution options.
+    pub moe: MoeExec,
 }
 
 impl Dims {
@@ -40,6 +42,7 @@ impl Dims {
             ep: l.ep.max(1) as f64,
             etp: l.etp.max(1) as f64,
             sp: l.sp(),
+            moe: MoeExec::of(s, l),
         }
     }
 
@@ -81,27 +84,6 @@ pub fn attention_pairs(s: f64, window: Option<f64>, cp: f64) -> f64 {
     pairs / cp
 }
 
-/// Host launches of one linear of one expert in Megatron's SequentialMLP: slice the expert's
-/// tokens, the GEMM, the bias add, and the copy back into the output.
-pub const SEQUENTIAL_EXPERT_LAUNCHES: f64 = 8.0;
-
-/// Coefficient of variation of the tokens routed to one expert in a step, under Megatron's
-/// auxiliary load-balancing loss (dropless routing). A training-dynamics figure, not a
-/// hardware one: balanced routers keep per-expert loads within roughly +-25% (one standard
-/// deviation) of the mean.
-pub const MOE_EXPERT_LOAD_CV: f64 = 0.25;
-
-/// Load of the busiest of `ep` expert-parallel ranks relative to the mean, each rank holding
-/// `local` experts: per-rank loads have CV = MOE_EXPERT_LOAD_CV / sqrt(local) (sums of
-/// independent expert loads), and the maximum of `ep` roughly normal loads exceeds the mean by
-/// about sqrt(2 ln ep) standard deviations (Gaussian extreme-value estimate). 1 without EP.
-pub fn moe_load_imbalance(local: f64, ep: f64) -> f64 {
-    if ep <= 1.0 {
-        return 1.0;
-    }
-    1.0 + MOE_EXPERT_LOAD_CV / local.max(1.0).sqrt() * (2.0 * ep.ln()).sqrt()
-}
-
 /// The op list of one decoder layer of the given shape, per GPU and micro-batch.
 pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     let mut ops = OpList::default();
@@ -121,9 +103,9 @@ pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
 
 /// The layer's element-wise work outside the GEMMs and the attention core, merged into one
 /// memory-bound op: bytes moved and kernels launched.
-struct Elementwise {
-    bytes: f64,
-    kernels: f64,
+pub(super) struct Elementwise {
+    pub bytes: f64,
+    pub kernels: f64,
 }
 
 /// Per-head widths of the attention: query/key and value head dimensions, the rotary part of
@@ -173,8 +155,9 @@ fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList
         bytes: att_bytes,
         fp8: false,
         kernels: 1.0,
+        host_ops: 1.0,
         selective: true,
-        after_sync: false,
+        part: Part::Attention,
         load: 1.0,
     });
     // Row-parallel output projection: a d_v / tp -> h.
@@ -267,7 +250,7 @@ fn qkv_projection_ops(card: &ModelCard, d: &Dims, ops: &mut OpList) -> HeadDims 
 
 /// Bytes per token the MLP activation moves at width `w`: SwiGLU reads gate and up (2w) and
 /// writes w; bias-GELU reads w and writes w.
-fn activation_bytes_per_width(card: &ModelCard, w: f64) -> f64 {
+pub(super) fn activation_bytes_per_width(card: &ModelCard, w: f64) -> f64 {
     match card.activation {
         Activation::Swiglu => 3.0 * w,
         Activation::Gelu => 2.0 * w,
@@ -281,82 +264,10 @@ fn dense_mlp_ops(card: &ModelCard, d: &Dims, ops: &mut OpList, ew: &mut Elementw
     let tok = d.tokens();
     let f = card.ffn_hidden_size as f64;
     let fc1 = card.mlp_fc1_width(card.ffn_hidden_size) as f64 / t;
-    ops.push(Op::gemm("fc1", tok, fc1, h, 1.0, true));
-    ops.push(Op::gemm("fc2", tok, h, f / t, 1.0, true));
+    ops.push(Op::gemm("fc1", tok, fc1, h, 1.0, true).in_part(Part::Mlp));
+    ops.push(Op::gemm("fc2", tok, h, f / t, 1.0, true).in_part(Part::Mlp));
     ew.bytes += tok * activation_bytes_per_width(card, f / t) * ACT_BYTES;
     ew.kernels += 1.0;
-}
-
-/// The MoE block: router, the busiest GPU's experts, token permutation on both sides of the
-/// dispatch, and the shared experts.
-fn moe_ops(card: &ModelCard, d: &Dims, moe: &MoeConfig, ops: &mut OpList, ew: &mut Elementwise) {
-    let h = card.hidden_size as f64;
-    let t = d.tp;
-    let tok = d.tokens();
-    let e = moe.num_experts as f64;
-    let k = moe.top_k as f64;
-    let fe = moe.moe_ffn_hidden_size as f64;
-    let td = d.tokens_dispatched();
-    // Router: replicated linear h -> E on the dispatched tokens (BF16), then FP32
-    // softmax (or sigmoid), top-k, and the load-balancing/z losses over the T x E
-    // scores: about six passes of 4 bytes over them.
-    ops.push(Op::gemm("router", td, e, h, 1.0, false));
-    ops.push(Op::memory("router_scores", td * e * 4.0 * 6.0, 10.0));
-    let local = (e / d.ep).max(1.0);
-    // Routed copies reaching the busiest GPU's experts.
-    let load = moe_load_imbalance(local, d.ep);
-    let routed = d.routed_tokens(k) * load;
-    let tokens_per_expert = routed / local;
-    let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
-    let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
-    let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
-    // Launches per local expert: Transformer Engine's grouped linear issues one GEMM
-    // per expert; experts with biases run Megatron's SequentialMLP, a separate MLP
-    // module per expert (Megatron's grouped-GEMM experts assert `add_bias_linear ==
-    // False`, megatron/core/transformer/moe/experts.py).
-    let per_expert = if card.mlp_bias {
-        SEQUENTIAL_EXPERT_LAUNCHES
-    } else {
-        1.0
-    };
-    fc1_op.kernels = local * per_expert;
-    fc2_op.kernels = local * per_expert;
-    fc1_op.after_sync = true;
-    fc2_op.after_sync = true;
-    fc1_op.load = load;
-    fc2_op.load = load;
-    ops.push(fc1_op);
-    ops.push(fc2_op);
-    // Source side (balanced): permute the token copies before the dispatch (gather:
-    // read + write) and un-permute after the combine (read the copies, weighted
-    // scatter-add into the output): 3.5 passes over k copies of h.
-    let mut source = Op::memory("moe_permute", td * k * h * ACT_BYTES * 3.5, 6.0);
-    source.after_sync = true;
-    ops.push(source);
-    // Expert side (busiest GPU): sort the received copies by local expert and unsort
-    // them before the combine (read + write each), and the experts' activation.
-    let mut expert_side = Op::memory(
-        "moe_expert_elementwise",
-        routed * h * ACT_BYTES * 4.0
-            + routed * activation_bytes_per_width(card, fe / d.etp) * ACT_BYTES,
-        // Sort, unsort, activation; a sequential MLP runs its activation and the copies
-        // in and out per expert.
-        if card.mlp_bias {
-            2.0 + 3.0 * local
-        } else {
-            5.0
-        },
-    );
-    expert_side.after_sync = true;
-    ops.push(expert_side);
-    let shared = card.shared_expert_ffn() as f64;
-    if shared > 0.0 {
-        let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
-        ops.push(Op::gemm("shared_fc1", tok, fc1s, h, 1.0, true));
-        ops.push(Op::gemm("shared_fc2", tok, h, shared / t, 1.0, true));
-        ew.bytes += tok * activation_bytes_per_width(card, shared / t) * ACT_BYTES;
-        ew.kernels += 1.0;
-    }
 }
 
 /// The selective-recompute modules whose checkpoint reruns the whole of a [`layer_ops`] op, by
@@ -448,15 +359,15 @@ pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleS
             }
             if set.contains(MoeAct) && !set.contains(Moe) {
                 // expert activation = routed copies (busiest rank) * act_bytes(f_e / etp) * 2.
-                let local = (moe.num_experts as f64 / d.ep).max(1.0);
-                let routed = d.routed_tokens(moe.top_k as f64) * moe_load_imbalance(local, d.ep);
+                let (routed, local) = busiest_rank(d, moe);
                 let fe = moe.moe_ffn_hidden_size as f64;
-                let mut op = Op::memory(
+                let sequential = d.moe.grouped_gemm == crate::layout::GroupedGemm::Sequential;
+                let op = Op::memory(
                     "moe_act_recompute",
                     routed * act_bytes_per_width(fe / d.etp) * ACT_BYTES,
-                    if card.mlp_bias { local } else { 1.0 },
-                );
-                op.after_sync = true;
+                    if sequential { local } else { 1.0 },
+                )
+                .in_part(Part::Experts);
                 out.push(op);
             }
         }

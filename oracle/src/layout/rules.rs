@@ -3,9 +3,13 @@
 //! `megatron/training/arguments.py`, `megatron/core/parallel_state.py`,
 //! `megatron/core/pipeline_parallel/schedules.py`), so a layout that passes here starts there.
 
-use super::{Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use super::{FsdpKind, Layout, PipelineLayout, Recompute, RecomputeModule, Schedule};
 use crate::bounds::{self, limits};
 use crate::scenario::Scenario;
+
+mod moe;
+
+pub use moe::MAX_CAPACITY_FACTOR;
 
 /// One broken legality rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +64,17 @@ impl Layout {
     /// Check every legality rule against the scenario; the first broken rule. The sizes are
     /// bounded first (rule `within-bounds`), so every rule after computes without overflow.
     pub fn check(&self, s: &Scenario) -> Result<(), LayoutError> {
+        self.check_structure(s)?;
+        self.check_moe_options(s)?;
+        self.check_memory_options(s)?;
+        Ok(())
+    }
+
+    /// The rules of the parallel structure (sizes, grid, pipeline, experts, sequence, batch,
+    /// schedule, recompute, sharding), which come first in [`Layout::check`] and do not look
+    /// at the MoE execution options nor the memory options: layouts that differ only in those
+    /// share this verdict (the tuner checks it once for them).
+    pub fn check_structure(&self, s: &Scenario) -> Result<(), LayoutError> {
         self.check_sizes()?;
         self.check_grid(s)?;
         self.check_tensor_parallel(s)?;
@@ -70,16 +85,28 @@ impl Layout {
         self.check_schedule(s)?;
         self.check_recompute(s)?;
         self.check_sharding()?;
-        self.check_memory_options(s)?;
         Ok(())
     }
 
     /// Megatron's torch FSDP2 path (`--use-torch-fsdp2`) shards whole layers over the data
-    /// parallel group and supports neither pipeline nor expert parallelism (Megatron-LM ROCm
-    /// README, "FSDP-v2 is not supported with pipeline parallelism, expert parallelism, MCore's
-    /// distributed optimizer"); it replaces the distributed optimizer.
+    /// parallel group and supports neither pipeline nor expert parallelism
+    /// (`megatron/training/arguments.py`: "--use-torch-fsdp2 is not supported with pipeline
+    /// parallelism / expert parallelism"); it replaces the distributed optimizer. Megatron-FSDP
+    /// (`--use-megatron-fsdp`, `fsdpKind: megatron`) has neither restriction: it shards the
+    /// experts over the expert-data-parallel group
+    /// (`megatron/core/distributed/fsdp/mcore_fsdp_adapter.py`).
     fn check_sharding(&self) -> Result<(), LayoutError> {
         if !self.fsdp {
+            if self.fsdp_kind != FsdpKind::Torch {
+                return fail(
+                    "fsdp-kind-needs-fsdp",
+                    "fsdpKind",
+                    format!("{} needs fsdp: true", self.fsdp_kind.as_str()),
+                );
+            }
+            return Ok(());
+        }
+        if self.fsdp_kind == FsdpKind::Megatron {
             return Ok(());
         }
         if self.pp > 1 {

@@ -9,9 +9,12 @@ use crate::collectives::{self, Placement, Topology};
 use crate::compute::{self, ACT_BYTES, Dims, LayerShape, OpTimer, OpTimes, TimerContext};
 use crate::layout::Layout;
 use crate::model::{LayerKind, ModelCard};
-use crate::units::MICROSECOND;
 
 use super::{PARAM_BYTES, grad_bytes};
+
+mod ep;
+
+use ep::ep_cost;
 
 /// Seconds of one pass split by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -132,14 +135,6 @@ struct TpCost {
     mlp_forward: f64,
 }
 
-/// The dispatch/combine all-to-all (and expert-TP collectives) of an MoE layer, and the
-/// host-bound time around the dispatcher's sync.
-#[derive(Default)]
-struct EpCost {
-    ep: FwdBwd,
-    host: FwdBwd,
-}
-
 /// The cost of one layer of `shape` under the communicators of `cc`.
 pub(super) fn kind_cost(
     card: &ModelCard,
@@ -250,47 +245,6 @@ fn cp_cost(x: &LayerInput) -> FwdBwd {
         forward: ((c - 1.0) * step_f - (c - 1.0) / c * t.attention_forward).max(0.0),
         backward: ((c - 1.0) * step_b - (c - 1.0) / c * t.attention_backward).max(0.0),
     }
-}
-
-/// EP: dispatch and combine all-to-all, plus the dispatcher's host sync.
-fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
-    let (card, cc, t) = (x.card, x.cc, &x.t);
-    let d = &cc.d;
-    let h = card.hidden_size as f64;
-    let Some(moe) = card.moe.as_ref().filter(|_| x.moe_layer) else {
-        return EpCost::default();
-    };
-    // Each GPU sends its k copies of its tokens; the busiest one receives more.
-    let local = (moe.num_experts as f64 / d.ep).max(1.0);
-    let routed_bytes = d.tokens_dispatched() * moe.top_k as f64 * h * ACT_BYTES;
-    let a2a = collectives::all_to_all(&cc.topo, &cc.place.ep, routed_bytes)
-        * compute::moe_load_imbalance(local, d.ep);
-    let e = &ctx.hardware.efficiency;
-    let sync = e.moe_host_sync_us * MICROSECOND;
-    // After the sync the host must issue the whole expert section before the GPU can run
-    // it: the section lasts at least its launches x the host's cost per launch (backward:
-    // autograd issues dgrad and wgrad, twice the launches).
-    let host = e.cpu_launch_us * MICROSECOND * t.after_sync_launches;
-    let mut cost = EpCost {
-        ep: FwdBwd {
-            forward: 2.0 * a2a,
-            backward: 2.0 * a2a,
-        },
-        host: FwdBwd {
-            forward: sync + (host - t.after_sync_forward - 2.0 * a2a).max(0.0),
-            backward: sync + (2.0 * host - t.after_sync_backward - 2.0 * a2a).max(0.0),
-        },
-    };
-    if cc.place.etp.size > 1 {
-        // Expert-TP: all-gather of the routed tokens before the experts, reduce-scatter
-        // after; mirrored in the backward.
-        let etp_bytes = d.routed_tokens(moe.top_k as f64) * h * ACT_BYTES;
-        let etp = collectives::all_gather(&cc.topo, &cc.place.etp, etp_bytes)
-            + collectives::reduce_scatter(&cc.topo, &cc.place.etp, etp_bytes);
-        cost.ep.forward += etp;
-        cost.ep.backward += etp;
-    }
-    cost
 }
 
 /// FSDP: gather the layer's weights forward and backward, reduce-scatter its gradients, each

@@ -71,6 +71,7 @@ impl<'a> Setup<'a> {
             ctx: TimerContext {
                 hardware: &s.hardware,
                 precision: s.training.precision,
+                fp8_recipe: l.fp8_recipe(),
             },
             cc: CommContext {
                 topo,

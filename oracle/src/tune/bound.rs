@@ -38,6 +38,8 @@ struct Key {
     recompute_modules: ModuleSet,
     sp: bool,
     tp_comm_overlap: bool,
+    /// The MoE dispatcher and EP overlap.
+    moe: (crate::layout::Dispatch, bool),
 }
 
 /// A fast hasher for small integer keys (multiply-rotate, as rustc's FxHasher): the cache is
@@ -93,6 +95,7 @@ impl ThroughputBound {
             recompute_modules: l.recompute_set(),
             sp: l.sequence_parallel,
             tp_comm_overlap: l.tp_comm_overlap,
+            moe: (l.moe.dispatch(), l.moe.ep_overlap),
         };
         if let Some(v) = self.cache.read().ok().and_then(|c| c.get(&key).copied()) {
             return v;

@@ -39,7 +39,7 @@ impl SplitMix64 {
     }
 }
 
-const GENES: usize = 11;
+const GENES: usize = 12;
 type Genome = [u32; GENES];
 
 /// The evolutionary searcher.
@@ -110,6 +110,7 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
         .collect();
     let rc = pick(&recompute_options, g[9])?;
     let sharding = pick(&sp.sharding, g[10])?;
+    let moe_choice = pick(&sp.moe_values(moe, pp, vpp, ep), g[11])?;
     let st = Structure {
         tp,
         pp,
@@ -120,6 +121,7 @@ fn decode(ctx: &Context<'_>, g: &Genome) -> Option<Layout> {
         split,
         schedule,
         sharding,
+        moe: moe_choice,
     };
     Some(sp.layout(&st, mbs, rc))
 }

@@ -31,8 +31,9 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 
 use super::bound::ThroughputBound;
+use super::prefilter::Rejection;
 use super::seed::SeedPlanner;
-use super::space::{RecomputeChoice, Structure};
+use super::space::{MoeChoice, RecomputeChoice, Structure};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
 use crate::layout::{ModuleSet, Recompute};
 use crate::plan::SearcherKind;
@@ -108,12 +109,23 @@ impl Exhaustive {
             top: TopK::new(ctx.top_k),
             stats: Stats::default(),
         };
+        let bound = ThroughputBound::new();
         for &mbs in &space.micro_batch_size {
             for st in group {
                 let choices = space.recompute_choices(st);
-                if !choices.is_empty() {
-                    self.run_one(ctx, st, &choices, mbs, 0.0, None, &mut task);
+                if choices.is_empty() {
+                    continue;
                 }
+                if ctx
+                    .filter
+                    .rules(ctx.scenario, &space.layout(st, mbs, choices[0]))
+                    .is_ok()
+                    && flex_dominated(ctx, &bound, st, mbs)
+                {
+                    task.stats.pruned += choices.len() as u64;
+                    continue;
+                }
+                self.run_one(ctx, st, &choices, mbs, 0.0, None, &mut task);
             }
         }
         task
@@ -259,6 +271,63 @@ fn cannot_win(ctx: &Context<'_>, known: f64, upper: Option<f64>, task: &Task) ->
     threshold > 0.0 && upper.is_some_and(|ub| ub * (1.0 + BOUND_MARGIN) < threshold)
 }
 
+/// Whether another flex backend of the space beats this structure's at this micro-batch size
+/// (same EP overlap setting): the flex backends hold the same memory and differ only in the
+/// dispatch and combine time, which enters the forward and the backward of every MoE layer
+/// alike, so the one with the larger throughput bound is faster for every pipeline and
+/// recomputation (ties go to the backend listed first).
+fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mbs: u32) -> bool {
+    let Some(choice) = st.moe else {
+        return false;
+    };
+    if choice.dispatch.parts().1.is_none() {
+        return false;
+    }
+    let space = ctx.space;
+    let upper_of = |d| {
+        let mut other = *st;
+        other.moe = Some(MoeChoice {
+            dispatch: d,
+            ep_overlap: choice.ep_overlap,
+        });
+        bound
+            .upper(ctx, &space.layout(&other, mbs, RecomputeChoice::NONE))
+            .unwrap_or(0.0)
+    };
+    let own = upper_of(choice.dispatch);
+    let own_index = space.dispatch.iter().position(|d| *d == choice.dispatch);
+    space.dispatch.iter().enumerate().any(|(i, &d)| {
+        if d == choice.dispatch || d.parts().1.is_none() {
+            return false;
+        }
+        let other = upper_of(d);
+        other > own * (1.0 + BOUND_MARGIN)
+            || (other >= own * (1.0 - BOUND_MARGIN) && Some(i) < own_index)
+    })
+}
+
+/// What the structures of one MoE run share during the screen: the structure rules per
+/// micro-batch size, and the memory verdicts found so far (micro-batch size, recompute choice).
+struct Shared<'a> {
+    structure_rules: &'a [Result<(), Rejection>],
+    memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), Rejection>)>,
+}
+
+/// Runs of adjacent structures that differ only in the MoE choice ([`Space::structures`]
+/// enumerates it innermost), as index ranges.
+fn moe_runs(structures: &[Structure]) -> Vec<std::ops::Range<usize>> {
+    let same = |a: &Structure, b: &Structure| Structure { moe: b.moe, ..*a } == *b;
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=structures.len() {
+        if i == structures.len() || !same(&structures[i], &structures[start]) {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
 /// Structures grouped by pipeline shape and data-parallel size, in a stable order.
 fn groups(structures: Vec<Structure>) -> Vec<Vec<Structure>> {
     let mut map: BTreeMap<_, Vec<Structure>> = BTreeMap::new();
@@ -282,6 +351,43 @@ struct Candidate {
 const ROUND: usize = 64;
 
 impl Exhaustive {
+    /// Phase 1 for a run of structures that differ only in the MoE choice (`first` is the
+    /// index of the run's first): the structure rules are checked once per micro-batch size
+    /// for the run, the memory once per micro-batch size and recompute family (the MoE
+    /// choice moves no byte).
+    fn screen_run(
+        &self,
+        ctx: &Context<'_>,
+        first: usize,
+        run: &[Structure],
+        known: f64,
+        bound: &ThroughputBound,
+    ) -> Vec<(Stats, Vec<Candidate>, u64)> {
+        let space = ctx.space;
+        let s = ctx.scenario;
+        let structure_rules: Vec<Result<(), Rejection>> = space
+            .micro_batch_size
+            .iter()
+            .map(|&mbs| {
+                space
+                    .layout(&run[0], mbs, RecomputeChoice::NONE)
+                    .check_structure(s)
+                    .map_err(Rejection::Rule)
+            })
+            .collect();
+        let mut memory: Vec<(u32, RecomputeChoice, Result<(), Rejection>)> = Vec::new();
+        run.iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let shared = Shared {
+                    structure_rules: &structure_rules,
+                    memory: &mut memory,
+                };
+                self.screen(ctx, first + i, st, known, bound, shared)
+            })
+            .collect()
+    }
+
     /// Phase 1 of the pruned search, for one structure: the micro-batch sizes that pass the
     /// rules, whose most memory-saving choice fits, and whose bound clears `known`.
     fn screen(
@@ -291,6 +397,7 @@ impl Exhaustive {
         st: &Structure,
         known: f64,
         bound: &ThroughputBound,
+        shared: Shared<'_>,
     ) -> (Stats, Vec<Candidate>, u64) {
         let space = ctx.space;
         let s = ctx.scenario;
@@ -306,13 +413,29 @@ impl Exhaustive {
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
             let first = space.layout(st, mbs, first_choice);
-            if let Err(r) = ctx.filter.rules(s, &first) {
+            let verdict = match &shared.structure_rules[i] {
+                Err(r) => Err(r.clone()),
+                Ok(()) => ctx.filter.rules(s, &first),
+            };
+            if let Err(r) = verdict {
                 stats.reject(s, &first, &r, family);
                 ctx.progress.add(family, 0);
                 continue;
             }
             let most = space.layout(st, mbs, most_saving);
-            if let Err(r) = ctx.filter.memory(s, &most) {
+            let fits = match shared
+                .memory
+                .iter()
+                .find(|(m, c, _)| *m == mbs && *c == most_saving)
+            {
+                Some((_, _, r)) => r.clone(),
+                None => {
+                    let r = ctx.filter.memory(s, &most);
+                    shared.memory.push((mbs, most_saving, r.clone()));
+                    r
+                }
+            };
+            if let Err(r) = fits {
                 // Nothing of this micro-batch size fits, nor of any larger one.
                 stats.reject(s, &most, &r, 1);
                 ctx.progress.add(1, 0);
@@ -322,7 +445,7 @@ impl Exhaustive {
             let upper = bound
                 .upper(ctx, &space.layout(st, mbs, none))
                 .unwrap_or(f64::INFINITY);
-            if upper * (1.0 + BOUND_MARGIN) < known {
+            if upper * (1.0 + BOUND_MARGIN) < known || flex_dominated(ctx, bound, st, mbs) {
                 stats.pruned += family;
                 continue;
             }
@@ -346,13 +469,12 @@ impl Exhaustive {
         let bound = ThroughputBound::new();
         let structures = ctx.space.structures(ctx.scenario);
         ctx.progress.set_total(structures.len() as u64);
-        let screened: Vec<(Stats, Vec<Candidate>, u64)> = structures
+        let screened: Vec<(Stats, Vec<Candidate>, u64)> = moe_runs(&structures)
             .par_iter()
-            .enumerate()
-            .map(|(i, st)| {
-                let r = self.screen(ctx, i, st, known, &bound);
-                ctx.progress.step(1);
-                r
+            .flat_map_iter(|r| {
+                let out = self.screen_run(ctx, r.start, &structures[r.clone()], known, &bound);
+                ctx.progress.step(r.len() as u64);
+                out
             })
             .collect();
         let mut stats = Stats::default();

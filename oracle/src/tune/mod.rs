@@ -89,6 +89,7 @@ pub fn layout_key(l: &Layout) -> impl Ord + use<> {
             l.grad_reduce_in_fp32,
         ),
         l.pipeline_layout.as_ref().map(|p| p.as_str().to_string()),
+        (l.moe.dispatch(), l.moe.ep_overlap),
     )
 }
 
@@ -279,7 +280,7 @@ impl Context<'_> {
         if l.recompute != Recompute::Full || self.space.recompute_layers.is_some() {
             return Some(l.clone());
         }
-        let st = Space::structure_of(l);
+        let st = Space::structure_in(self.scenario, l);
         let counts = self.space.full_recompute_counts(&st);
         let with = |k: u32| {
             let mut x = l.clone();

@@ -34,10 +34,12 @@ pub enum Axis {
     MicroBatch,
     Recompute,
     Sharding,
+    /// The MoE dispatcher and EP overlap.
+    Moe,
 }
 
 impl Axis {
-    pub const ALL: [Axis; 11] = [
+    pub const ALL: [Axis; 12] = [
         Axis::Tp,
         Axis::Pp,
         Axis::Vpp,
@@ -49,6 +51,7 @@ impl Axis {
         Axis::MicroBatch,
         Axis::Recompute,
         Axis::Sharding,
+        Axis::Moe,
     ];
 }
 
@@ -222,6 +225,12 @@ pub fn variants(ctx: &Context<'_>, l: &Layout, axis: Axis) -> Vec<Layout> {
                 Recompute::Full => vec![RecomputeChoice::full(sp.recompute_layers.unwrap_or(0))],
             })
             .map(|rc| with(&|x| rc.apply(x)))
+            .collect(),
+        Axis::Moe => sp
+            .moe_values(moe, l.pp, l.vpp, l.ep)
+            .into_iter()
+            .flatten()
+            .map(|c| with(&|x| c.apply(x)))
             .collect(),
         Axis::Sharding => sp
             .sharding

@@ -22,15 +22,27 @@
 //!   (`layernorm` changes nothing there: Transformer Engine fuses those norms into the linears).
 //!   FP8 plans leave out `moe_act` and `layernorm`: Megatron rejects them with the delayed
 //!   scaling recipe that `--fp8-format hybrid` selects;
-//! - optimizer sharding: the distributed optimizer or FSDP.
+//! - optimizer sharding: the distributed optimizer or FSDP;
+//! - for MoE models, the token dispatcher and Megatron's EP communication overlap (`dispatch`,
+//!   `epOverlap`; [`MoeChoice`]): the reference's dispatcher, alltoall and every flex backend
+//!   the hardware profile lists (`flexBackends`: DeepEP and HybridEP on Hopper and B200,
+//!   HybridEP on GB200/GB300, Primus-Turbo DeepEP on AMD Instinct), each without and with the
+//!   overlap (with `delayWgrad`) where the overlap is legal (EP > 1, not allgather, VPP with a
+//!   pipeline, no full recompute). `spec.tuning.allowed.dispatch` narrows it to what the image
+//!   ships. Without a reference layout the options without a trade-off are turned on
+//!   (Transformer Engine grouped GEMM, permute and router fusion); a reference keeps its own,
+//!   as what its image runs.
 //!
-//! Everything else (sequence parallel, the overlap switches) comes from the reference layout
-//! when the plan gives one, else from the defaults, unless pinned.
+//! Everything else (sequence parallel, the overlap switches, routing, FP8 recipe, CUDA graphs)
+//! comes from the reference layout when the plan gives one, else from the defaults, unless
+//! pinned.
 
 use std::collections::BTreeMap;
 
 use crate::error::FieldError;
-use crate::layout::{Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule};
+use crate::layout::{
+    Dispatch, GroupedGemm, Layout, ModuleSet, PipelineLayout, Recompute, RecomputeModule, Schedule,
+};
 use crate::model::ModelCard;
 use crate::plan::{AllowedAxes, FixedAxes, Tuning};
 use crate::precision::Precision;
@@ -78,6 +90,34 @@ pub enum Split {
     Balanced,
 }
 
+/// One MoE execution choice the tuner searches: the token dispatcher and the EP
+/// communication overlap (with its delayed weight gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MoeChoice {
+    pub dispatch: Dispatch,
+    pub ep_overlap: bool,
+}
+
+impl MoeChoice {
+    /// The choice a layout makes.
+    pub fn of(l: &Layout) -> MoeChoice {
+        MoeChoice {
+            dispatch: l.moe.dispatch(),
+            ep_overlap: l.moe.ep_overlap,
+        }
+    }
+
+    /// Set a layout's dispatcher and overlap (the overlap excludes shared-expert overlap).
+    pub fn apply(self, l: &mut Layout) {
+        l.moe.set_dispatch(self.dispatch);
+        l.moe.ep_overlap = self.ep_overlap;
+        l.moe.delay_wgrad = self.ep_overlap;
+        if self.ep_overlap {
+            l.moe.shared_expert_overlap = false;
+        }
+    }
+}
+
 /// The part of a layout fixed for one exhaustive-search task: everything but the micro-batch
 /// size and recomputation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +131,8 @@ pub struct Structure {
     pub split: Split,
     pub schedule: Schedule,
     pub sharding: Sharding,
+    /// The MoE dispatcher and overlap (None for dense models).
+    pub moe: Option<MoeChoice>,
 }
 
 /// One way to recompute activations: the granularity and, for full, the per-chunk layer count
@@ -219,6 +261,10 @@ pub struct Space {
     pub recompute_modules: Vec<ModuleSet>,
     pub sharding: Vec<Sharding>,
     pub schedule: Vec<Schedule>,
+    /// MoE dispatchers to try (empty for dense models).
+    pub dispatch: Vec<Dispatch>,
+    /// EP overlap values to try.
+    pub ep_overlap: Vec<bool>,
     /// Values of the fields that are not searched (sequence parallel, overlap switches).
     pub base: Layout,
     gpus: u32,
@@ -252,8 +298,9 @@ fn divisors_u32(n: u32) -> Vec<u32> {
 }
 
 /// Most structures a search space may hold (the tuner keeps each, with its screening
-/// results, in memory).
-pub const MAX_STRUCTURES: usize = 1 << 19;
+/// results, in memory: about 100 bytes each). The MoE choices multiply the parallel
+/// structures (DeepSeek-V3 on 1,024 H100: about 445k); 2^21 leaves room for 16k GPUs.
+pub const MAX_STRUCTURES: usize = 1 << 21;
 
 const ALLOWED: &str = "spec.tuning.allowed";
 const FIXED: &str = "spec.tuning.fixed";
@@ -473,6 +520,81 @@ fn sharding_axis(fixed: &FixedAxes) -> Vec<Sharding> {
     }
 }
 
+/// The MoE dispatchers and EP-overlap values after `allowed` and `fixed` (empty for dense
+/// models): by default the reference layout's dispatcher (when the plan gives one), alltoall
+/// and the hardware profile's flex backends; a dispatcher the GPU's stack does not run is an
+/// error naming the field.
+fn moe_axes(
+    s: &Scenario,
+    fixed: &FixedAxes,
+    allowed: &AllowedAxes,
+    reference: Option<&Layout>,
+) -> Result<(Vec<Dispatch>, Vec<bool>), FieldError> {
+    if s.model.moe.is_none() {
+        return Ok((Vec::new(), vec![false]));
+    }
+    let hw = &s.hardware;
+    let runs = |d: &Dispatch| match d.parts().1 {
+        Some(b) => hw.flex_backend(b).is_some(),
+        None => true,
+    };
+    let listed = allowed.dispatch.iter().flatten().map(|d| (ALLOWED, *d));
+    if let Some((at, d)) = listed
+        .chain(fixed.dispatch.map(|d| (FIXED, d)))
+        .find(|(_, d)| !runs(d))
+    {
+        let have: Vec<&str> = hw
+            .flex_backends
+            .iter()
+            .map(|p| p.backend.as_str())
+            .collect();
+        return Err(FieldError::new(
+            format!("{at}.dispatch"),
+            format!(
+                "{} does not run on {} (its flex backends: {})",
+                d.as_str(),
+                hw.name,
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ),
+        ));
+    }
+    // Allgather (Megatron's default) gathers every token of the TP x EP group on every rank:
+    // searched only when the reference uses it or `allowed` lists it.
+    let mut default: Vec<Dispatch> = reference.map(|r| r.moe.dispatch()).into_iter().collect();
+    default.push(Dispatch::Alltoall);
+    default.extend(
+        hw.flex_backends
+            .iter()
+            .map(|p| Dispatch::of_backend(p.backend)),
+    );
+    let mut dispatch = narrow(
+        "dispatch",
+        default,
+        allowed.dispatch.as_ref(),
+        fixed.dispatch,
+        runs,
+    )?;
+    let mut seen = Vec::new();
+    dispatch.retain(|d| {
+        let new = !seen.contains(d);
+        seen.push(*d);
+        new
+    });
+    let mut ep_overlap = narrow(
+        "epOverlap",
+        vec![false, true],
+        allowed.ep_overlap.as_ref(),
+        fixed.ep_overlap,
+        |_| true,
+    )?;
+    ep_overlap.dedup();
+    Ok((dispatch, ep_overlap))
+}
+
 /// Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
 /// embedding, the loss and the MTP layers evenly.
 fn balanced_layouts(m: &ModelCard, pp: &[u32]) -> BTreeMap<(u32, u32), PipelineLayout> {
@@ -535,6 +657,16 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
+        let (dispatch, ep_overlap) = moe_axes(s, fixed, allowed, reference)?;
+        if m.moe.is_some() && reference.is_none() {
+            // The options without a trade-off (module documentation); a reference keeps its
+            // own: they are what its image runs.
+            if base.moe.grouped_gemm == GroupedGemm::Sequential {
+                base.moe.grouped_gemm = GroupedGemm::Grouped;
+            }
+            base.moe.permute_fusion = true;
+            base.moe.router_fusion = true;
+        }
         let space = Space {
             balanced: balanced_layouts(m, &pp),
             tp,
@@ -549,6 +681,8 @@ impl Space {
             recompute_modules: rc.recompute_modules,
             sharding: sharding_axis(fixed),
             schedule,
+            dispatch,
+            ep_overlap,
             base,
             gpus: s.cluster.gpus,
             layers: m.layers,
@@ -559,7 +693,7 @@ impl Space {
             return Err(FieldError::new(
                 "spec.tuning",
                 format!(
-                    "the search space holds more than {MAX_STRUCTURES} layout structures (tp, pp, vpp, cp, ep, etp, split, schedule, sharding): pin or narrow axes with spec.tuning.fixed or spec.tuning.allowed"
+                    "the search space holds more than {MAX_STRUCTURES} layout structures (tp, pp, vpp, cp, ep, etp, split, schedule, sharding, MoE dispatch and overlap): pin or narrow axes with spec.tuning.fixed or spec.tuning.allowed"
                 ),
             ));
         }
@@ -670,21 +804,24 @@ impl Space {
                                 for &ep in &self.ep {
                                     for etp in self.etp_values(tp, moe) {
                                         for &sharding in &self.sharding {
-                                            if seen == cap {
-                                                return;
+                                            for choice in self.moe_values(moe, pp, vpp, ep) {
+                                                if seen == cap {
+                                                    return;
+                                                }
+                                                seen += 1;
+                                                f(Structure {
+                                                    tp,
+                                                    pp,
+                                                    vpp,
+                                                    cp,
+                                                    ep,
+                                                    etp,
+                                                    split,
+                                                    schedule,
+                                                    sharding,
+                                                    moe: choice,
+                                                });
                                             }
-                                            seen += 1;
-                                            f(Structure {
-                                                tp,
-                                                pp,
-                                                vpp,
-                                                cp,
-                                                ep,
-                                                etp,
-                                                split,
-                                                schedule,
-                                                sharding,
-                                            });
                                         }
                                     }
                                 }
@@ -694,6 +831,31 @@ impl Space {
                 }
             }
         }
+    }
+
+    /// The MoE choices to try for a pipeline of `pp` stages of `vpp` chunks at expert
+    /// parallelism `ep`: `[None]` for dense models; every dispatcher, also without EP (the
+    /// dispatchers still differ there: what they gather over expert TP, the fused permute of
+    /// the flex ones, which the rules allow only with ETP x EP > 1); the overlap only where it
+    /// is legal.
+    pub fn moe_values(&self, moe: bool, pp: u32, vpp: u32, ep: u32) -> Vec<Option<MoeChoice>> {
+        if !moe {
+            return vec![None];
+        }
+        let mut out = Vec::new();
+        for &dispatch in &self.dispatch {
+            for &ep_overlap in &self.ep_overlap {
+                let legal = !ep_overlap
+                    || (ep > 1 && dispatch != Dispatch::Allgather && (pp <= 1 || vpp > 1));
+                if legal {
+                    out.push(Some(MoeChoice {
+                        dispatch,
+                        ep_overlap,
+                    }));
+                }
+            }
+        }
+        out
     }
 
     /// The layout of a structure with a micro-batch size and recompute choice.
@@ -710,6 +872,9 @@ impl Space {
         st.sharding.apply(&mut l);
         l.micro_batch_size = mbs;
         rc.apply(&mut l);
+        if let Some(choice) = st.moe {
+            choice.apply(&mut l);
+        }
         l
     }
 
@@ -733,7 +898,17 @@ impl Space {
             },
             schedule: l.schedule,
             sharding: Sharding::of(l),
+            moe: None,
         }
+    }
+
+    /// The structure of a layout of a scenario's model (with its MoE choice).
+    pub fn structure_in(s: &Scenario, l: &Layout) -> Structure {
+        let mut st = Space::structure_of(l);
+        if s.model.moe.is_some() {
+            st.moe = Some(MoeChoice::of(l));
+        }
+        st
     }
 
     /// Most layers in one model chunk of a structure (what full recompute can count up to).
@@ -774,6 +949,21 @@ impl Space {
         &self,
         st: &Structure,
     ) -> Option<(RecomputeChoice, RecomputeChoice, u64)> {
+        if st.moe.is_some_and(|c| c.ep_overlap) {
+            // The overlap's family (no full recompute, no `moe` module): listed.
+            let choices = self.recompute_choices(st);
+            let first = *choices.first()?;
+            let most = choices
+                .iter()
+                .filter(|c| c.recompute == Recompute::Selective)
+                .fold(ModuleSet::EMPTY, |a, c| a.union(c.modules));
+            let last = if most.is_empty() {
+                *choices.last()?
+            } else {
+                RecomputeChoice::selective(most)
+            };
+            return Some((first, last, choices.len() as u64));
+        }
         let first = *self.recompute.first()?;
         let last = *self.recompute.last()?;
         let (full_first, full_len) = match self.recompute_layers {
@@ -814,8 +1004,18 @@ impl Space {
     /// every layer count (fewest first, 0 = every layer last).
     pub fn recompute_choices(&self, st: &Structure) -> Vec<RecomputeChoice> {
         let mut out = Vec::new();
+        let overlap = st.moe.is_some_and(|c| c.ep_overlap);
         for &r in &self.recompute {
             match r {
+                // Megatron's EP overlap runs without full recompute and without the `moe`
+                // recompute module (TransformerConfig.__post_init__).
+                Recompute::Full if overlap => {}
+                Recompute::Selective if overlap => out.extend(
+                    self.recompute_modules
+                        .iter()
+                        .filter(|m| !m.contains(RecomputeModule::Moe))
+                        .map(|m| RecomputeChoice::selective(*m)),
+                ),
                 Recompute::Full => out.extend(
                     self.full_recompute_counts(st)
                         .into_iter()
@@ -835,7 +1035,7 @@ impl Space {
     /// Whether a layout is a member of the space (every searched axis takes an allowed value
     /// and every other field equals the space's).
     pub fn contains(&self, s: &Scenario, l: &Layout) -> bool {
-        let st = Space::structure_of(l);
+        let st = Space::structure_in(s, l);
         let moe = s.model.moe.is_some();
         let mp = l.tp as u64 * l.pp as u64 * l.cp as u64;
         let structural = self.tp.contains(&l.tp)
@@ -849,7 +1049,8 @@ impl Space {
             && self.ep.contains(&l.ep)
             && self.etp_values(l.tp, moe).contains(&l.etp)
             && self.sharding.contains(&st.sharding)
-            && self.micro_batch_size.contains(&l.micro_batch_size);
+            && self.micro_batch_size.contains(&l.micro_batch_size)
+            && self.moe_values(moe, l.pp, l.vpp, l.ep).contains(&st.moe);
         if !structural {
             return false;
         }
@@ -883,6 +1084,18 @@ impl Space {
                 .or_else(|| etps.first().copied())?;
         }
         let base = &self.base;
+        if s.model.moe.is_some() {
+            // The unsearched MoE options take the space's values; the dispatcher and overlap
+            // keep the layout's when the space has them, else its first.
+            let choice = MoeChoice::of(&l);
+            l.moe = base.moe.clone();
+            let choices = self.moe_values(true, l.pp, l.vpp, l.ep);
+            let keep = choices.contains(&Some(choice));
+            (*choices.first()?)?.apply(&mut l);
+            if keep {
+                choice.apply(&mut l);
+            }
+        }
         l.sequence_parallel = base.sequence_parallel;
         l.tp_comm_overlap = base.tp_comm_overlap;
         l.overlap_grad_reduce = base.overlap_grad_reduce;
@@ -914,7 +1127,7 @@ impl Space {
         if l.recompute != Recompute::Full {
             l.recompute_layers = 0;
         } else {
-            let counts = self.full_recompute_counts(&Space::structure_of(&l));
+            let counts = self.full_recompute_counts(&Space::structure_in(s, &l));
             if !counts.contains(&l.recompute_layers) {
                 l.recompute_layers = if self.recompute_layers.is_some() {
                     counts[0]

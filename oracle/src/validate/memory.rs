@@ -462,6 +462,49 @@ pub fn row_jobs(text: &str, catalog: &Catalog) -> Result<Vec<RowJob>, PlanError>
 }
 
 /// A row's metadata, scenario and checked layout.
+/// A row with this set's own words for the MoE execution options (`tokenDispatcher: deepep`,
+/// `cudaGraph: te-scoped`, `groupedGemm: turbo`; see `needs_option`) put in the layout's
+/// (`tokenDispatcher: flex` with `flexBackend: deepep`, which is Primus-Turbo's on AMD,
+/// Primus-Turbo DeepEP with the fp32
+/// router it requires, `cudaGraph: te(attn+moe_router+moe_preprocess)`, `groupedGemm:
+/// grouped`); the throughput CSVs already
+/// use the layout's words.
+fn in_layout_words<'a>(row: &Row<'a>, amd: bool) -> Row<'a> {
+    let mut cells = row.cells.clone();
+    let dispatcher = match row.get("tokenDispatcher") {
+        // DeepEP on AMD Instinct is Primus-Turbo's.
+        "deepep" if amd => "primus-turbo-deepep",
+        d => d,
+    };
+    if let Some(backend) = ["deepep", "primus-turbo-deepep", "hybridep"]
+        .into_iter()
+        .find(|b| *b == dispatcher)
+    {
+        cells.insert("tokenDispatcher", "flex");
+        cells.insert("flexBackend", backend);
+        if backend == "primus-turbo-deepep" && row.get("routerDtype").is_empty() {
+            cells.insert("routerDtype", "fp32");
+        }
+    }
+    match row.get("cudaGraph") {
+        "te-scoped" => {
+            // Megatron-Bridge's scoped graphs (its MoE recipes' cuda_graph_scope).
+            cells.insert("cudaGraph", "te(attn+moe_router+moe_preprocess)");
+        }
+        "full-iteration" => {
+            cells.insert("cudaGraph", "full_iteration");
+        }
+        _ => {}
+    }
+    if row.get("groupedGemm") == "turbo" {
+        cells.insert("groupedGemm", "grouped");
+    }
+    Row {
+        line: row.line,
+        cells,
+    }
+}
+
 fn row_job(
     row: &Row,
     catalog: &Catalog,
@@ -472,7 +515,14 @@ fn row_job(
     }
     let meta = row_meta(row).map_err(RowStatus::BadRow)?;
     let scenario = row_scenario(row, catalog).and_then(|s| model_overrides(row, s))?;
-    let mut layout = row_layout(row, header).map_err(RowStatus::BadRow)?;
+    let amd = scenario.hardware.vendor == Vendor::Amd;
+    let mut columns = header.to_vec();
+    for c in ["flexBackend", "routerDtype"] {
+        if !columns.iter().any(|h| h == c) {
+            columns.push(c.to_string());
+        }
+    }
+    let mut layout = row_layout(&in_layout_words(row, amd), &columns).map_err(RowStatus::BadRow)?;
     if row.get("expandableSegments").is_empty() {
         layout.expandable_segments = meta.framework.default_expandable_segments();
     }
@@ -666,15 +716,25 @@ fn needs_option(row: &Row, device: bool) -> Result<Option<String>, String> {
             ("deepep", OUTSIDE),
             ("primus-turbo-deepep", OUTSIDE),
             ("hybridep", OUTSIDE),
+            // The throughput CSVs' word (with `flexBackend`).
+            ("flex", OUTSIDE),
         ],
     )?
     .filter(|_| device);
+    // The throughput CSVs' CUDA-graph words (`te(attn+moe_router)`, `local`, `full_iteration`)
+    // are judged on the verdict alone, as before they had the column.
+    let graph_words = row.get("cudaGraph");
+    let graphs_known = if matches!(graph_words, "" | "none" | "te-scoped" | "full-iteration") {
+        ["none"]
+    } else {
+        [graph_words]
+    };
     let checks = [
         dispatcher,
         option_cell(
             row,
             "cudaGraph",
-            &["none"],
+            &graphs_known,
             &[
                 ("te-scoped", "CUDA-graph memory pools; issue 16"),
                 ("full-iteration", "CUDA-graph memory pools; issue 16"),
@@ -698,7 +758,7 @@ fn needs_option(row: &Row, device: bool) -> Result<Option<String>, String> {
         option_cell(
             row,
             "groupedGemm",
-            &["legacy"],
+            &["legacy", "grouped", "sequential"],
             &[("turbo", "Primus-Turbo grouped-GEMM workspaces")],
         )?,
         option_cell(

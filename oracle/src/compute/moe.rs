@@ -1,0 +1,288 @@
+//! The MoE block's op list under the layout's MoE execution options
+//! ([`crate::layout::MoeOptions`]): the router, the routed experts of the busiest
+//! expert-parallel rank, the token permutation around the dispatch, and the shared experts;
+//! and the load of the busiest rank under the router's balancing.
+//!
+//! What each option changes here, from Megatron-Core's MoE code
+//! (`megatron/core/transformer/moe/`):
+//! - `groupedGemm`: `SequentialMLP` (`experts.py`) loops over the local experts in Python, a
+//!   whole MLP module per expert (slice, fc1, activation, fc2, bias, copy back:
+//!   [`SEQUENTIAL_EXPERT_LAUNCHES`] host launches per expert and linear); `TEGroupedMLP` issues
+//!   Transformer Engine's grouped linear (one GEMM per local expert on the device, from one
+//!   module call); the legacy `GroupedMLP` one CUTLASS grouped kernel per linear;
+//! - `permuteFusion`: Transformer Engine's fused permute/unpermute (`moe_utils.py:permute`)
+//!   instead of the index/gather/scatter chain: fewer kernels, one pass less;
+//! - `routerFusion`: the fused top-k and aux-loss kernels (`router.py`, TE
+//!   `fused_topk_with_score_function`): a third of the router's element-wise kernels;
+//! - `tokenDispatcher` flex: DeepEP/HybridEP fuse the global permute into the dispatch kernel
+//!   (`fused_a2a.py`), so only the expert-side sort remains; allgather permutes the gathered
+//!   tokens of the whole TP x EP group (`MoEAllGatherTokenDispatcher`);
+//! - `routerDtype`: the scores, top-k and losses in fp32/fp64 (`RouterGatingLinearFunction`
+//!   keeps the GEMM in the input dtype);
+//! - FP8 recipes pad each expert's token count to 16 (32 for MXFP8) rows
+//!   (`get_align_size_for_quantization`);
+//! - routing load: [`moe_load_factor`].
+
+use super::*;
+use crate::layout::{GroupedGemm, Layout, TokenDispatcher};
+use crate::model::MoeConfig;
+
+/// Host launches of one linear of one expert in Megatron's SequentialMLP: slice the expert's
+/// tokens, the GEMM, the bias add, and the copy back into the output.
+pub const SEQUENTIAL_EXPERT_LAUNCHES: f64 = 8.0;
+
+/// Coefficient of variation of the tokens routed to one expert in a micro-batch under
+/// Megatron's auxiliary load-balancing loss (dropless routing, no forced balance). A
+/// training-dynamics figure, not a hardware one. FITTED once on the only public measurement
+/// of it, the four forced/dropless pairs of Qwen3-235B-A22B on 256 H100 (EP8, 16K-128K
+/// context; yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md, the long-context
+/// table: dropless/forced TFLOP/s = 0.80, 0.83, 0.87, 0.92): 1.2 reproduces all four ratios
+/// within 1% (the shrinking gap with context length follows from the model, as attention
+/// grows and the experts' share shrinks); 0.25, the value before, left the gaps at half.
+/// Every published throughput table forces balance instead (`forceLoadBalancing`).
+pub const MOE_EXPERT_LOAD_CV: f64 = 1.2;
+
+/// Router element-wise kernels (softmax or sigmoid, top-k, scatter into the routing map,
+/// aux-loss and z-loss terms) without and with `--moe-router-fusion` (the GB200 DeepSeek-V3
+/// write-up, Megatron-LM `docs/discussions/deepseek-v3-gb200-optimization`: 72 -> 31 router
+/// kernels per layer over forward and backward, about a third left per pass here).
+pub const ROUTER_KERNELS: f64 = 10.0;
+pub const ROUTER_FUSED_KERNELS: f64 = 4.0;
+
+/// The MoE execution options the op list reads, from the layout (a copyable summary).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeExec {
+    pub dispatcher: TokenDispatcher,
+    pub grouped_gemm: GroupedGemm,
+    pub permute_fusion: bool,
+    pub router_fusion: bool,
+    /// `--moe-router-force-load-balancing`.
+    pub forced: bool,
+    /// Capacity factor (None = dropless) and whether inputs are padded to capacity.
+    pub capacity: Option<f64>,
+    pub pad: bool,
+    /// Bytes of one router score element (the input's 2 unless `routerDtype`).
+    pub router_bytes: f64,
+    /// Rows an expert's token count is padded to under FP8 (0 in BF16).
+    pub fp8_align: f64,
+}
+
+impl MoeExec {
+    pub fn of(s: &Scenario, l: &Layout) -> MoeExec {
+        let m = &l.moe;
+        let card_capacity = s.model.moe.as_ref().and_then(|c| c.capacity_factor);
+        MoeExec {
+            dispatcher: m.token_dispatcher,
+            grouped_gemm: m.grouped_gemm,
+            permute_fusion: m.permute_fusion,
+            router_fusion: m.router_fusion,
+            forced: m.force_load_balancing,
+            capacity: m.capacity_factor.map(|c| c.get()).or(card_capacity),
+            pad: m.pad_to_capacity,
+            router_bytes: m.router_dtype.map_or(ACT_BYTES, |d| d.bytes()),
+            fp8_align: match s.training.precision {
+                Precision::Fp8 => l.fp8_recipe().expert_align(),
+                Precision::Bf16 => 0.0,
+            },
+        }
+    }
+}
+
+/// Load of the busiest of `ep` expert-parallel ranks relative to the balanced load, each rank
+/// holding `local` experts and receiving `copies` routed token copies on average:
+/// - padded to capacity: every expert runs exactly its capacity, `capacityFactor` times the
+///   balanced load (`moe_utils.py:get_capacity`);
+/// - forced balance (`RandomSTE` logits, `moe_utils.py:apply_random_logits`): the copies a
+///   rank receives are binomial, CV = 1/sqrt(copies), and the busiest of `ep` exceeds the mean
+///   by about sqrt(2 ln ep) standard deviations (Gaussian extreme-value estimate);
+/// - auxiliary-loss routing: per-expert loads with CV [`MOE_EXPERT_LOAD_CV`], per-rank CV
+///   that over sqrt(local), the same extreme-value estimate;
+/// - a capacity factor without padding drops what exceeds capacity: at most `capacityFactor`.
+pub fn moe_load_factor(x: &MoeExec, local: f64, ep: f64, copies: f64) -> f64 {
+    if let (Some(cf), true) = (x.capacity, x.pad) {
+        return cf;
+    }
+    let spread = if ep <= 1.0 {
+        0.0
+    } else {
+        (2.0 * ep.ln()).sqrt()
+    };
+    let imbalance = if x.forced {
+        1.0 + spread / copies.max(1.0).sqrt()
+    } else {
+        1.0 + MOE_EXPERT_LOAD_CV / local.max(1.0).sqrt() * spread
+    };
+    match x.capacity {
+        Some(cf) => imbalance.min(cf),
+        None => imbalance,
+    }
+}
+
+/// Routed copies that reach the busiest GPU's experts per micro-batch, and its local experts.
+pub fn busiest_rank(d: &Dims, moe: &MoeConfig) -> (f64, f64) {
+    let local = (moe.num_experts as f64 / d.ep).max(1.0);
+    let balanced = d.routed_tokens(moe.top_k as f64);
+    (
+        balanced * moe_load_factor(&d.moe, local, d.ep, balanced),
+        local,
+    )
+}
+
+/// Expected number of distinct members of a set of `m` experts hit when a token picks `k` of
+/// `e` experts uniformly without replacement: 1 - C(e - m, k) / C(e, k) per set (forced and
+/// well-balanced routing).
+pub fn hit_probability(e: f64, m: f64, k: f64) -> f64 {
+    if m <= 0.0 {
+        return 0.0;
+    }
+    if m >= e {
+        return 1.0;
+    }
+    let mut miss = 1.0;
+    let mut i = 0.0;
+    while i < k {
+        miss *= ((e - m - i) / (e - i)).max(0.0);
+        i += 1.0;
+    }
+    1.0 - miss
+}
+
+/// The MoE block: router, the busiest GPU's experts, token permutation on both sides of the
+/// dispatch, and the shared experts.
+pub(super) fn moe_ops(
+    card: &ModelCard,
+    d: &Dims,
+    moe: &MoeConfig,
+    ops: &mut OpList,
+    ew: &mut Elementwise,
+) {
+    let x = &d.moe;
+    let h = card.hidden_size as f64;
+    let t = d.tp;
+    let tok = d.tokens();
+    let e = moe.num_experts as f64;
+    let k = moe.top_k as f64;
+    let td = d.tokens_dispatched();
+    // Router: replicated linear h -> E on the dispatched tokens (the input dtype), then the
+    // softmax (or sigmoid), top-k, and the load-balancing/z losses over the T x E scores in
+    // the router dtype: about six passes over them.
+    ops.push(Op::gemm("router", td, e, h, 1.0, false).in_part(Part::Router));
+    let router_kernels = if x.router_fusion {
+        ROUTER_FUSED_KERNELS
+    } else {
+        ROUTER_KERNELS
+    };
+    ops.push(
+        Op::memory(
+            "router_scores",
+            td * e * x.router_bytes * 6.0,
+            router_kernels,
+        )
+        .in_part(Part::Router),
+    );
+    let (routed, local) = busiest_rank(d, moe);
+    // FP8 GEMMs pad each expert's rows to the recipe's alignment: half an alignment on
+    // average. Work relative to balanced routing (imbalance and padding are not model FLOPs).
+    let tokens_per_expert = routed / local + x.fp8_align / 2.0;
+    let load = tokens_per_expert * local / d.routed_tokens(k).max(f64::MIN_POSITIVE);
+    push_experts(card, d, moe, tokens_per_expert, local, load, ops);
+    push_permutation(card, d, moe, routed, local, ops);
+    let shared = card.shared_expert_ffn() as f64;
+    if shared > 0.0 {
+        let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
+        ops.push(Op::gemm("shared_fc1", tok, fc1s, h, 1.0, true).in_part(Part::SharedExperts));
+        ops.push(
+            Op::gemm("shared_fc2", tok, h, shared / t, 1.0, true).in_part(Part::SharedExperts),
+        );
+        ew.bytes += tok * activation_bytes_per_width(card, shared / t) * ACT_BYTES;
+        ew.kernels += 1.0;
+    }
+}
+
+/// The experts' two grouped GEMMs on the busiest rank.
+fn push_experts(
+    card: &ModelCard,
+    d: &Dims,
+    moe: &MoeConfig,
+    tokens_per_expert: f64,
+    local: f64,
+    load: f64,
+    ops: &mut OpList,
+) {
+    let h = card.hidden_size as f64;
+    let fe = moe.moe_ffn_hidden_size as f64;
+    let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
+    let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
+    let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
+    // Launches per linear: the sequential loop runs a module per expert (framework calls);
+    // Transformer Engine's grouped linear is one call issuing one GEMM per expert from C++;
+    // the legacy grouped GEMM one kernel.
+    let (kernels, host_ops) = match d.moe.grouped_gemm {
+        GroupedGemm::Sequential => (
+            local * SEQUENTIAL_EXPERT_LAUNCHES,
+            local * SEQUENTIAL_EXPERT_LAUNCHES,
+        ),
+        GroupedGemm::Grouped => (local, 1.0),
+        GroupedGemm::Legacy => (1.0, 1.0),
+    };
+    for op in [&mut fc1_op, &mut fc2_op] {
+        op.kernels = kernels;
+        op.host_ops = host_ops;
+        op.part = Part::Experts;
+        op.load = load;
+    }
+    ops.push(fc1_op);
+    ops.push(fc2_op);
+}
+
+/// The token permutation on the source side (before the dispatch, after the combine) and on
+/// the expert side (sort by local expert, unsort), with the experts' activation.
+fn push_permutation(
+    card: &ModelCard,
+    d: &Dims,
+    moe: &MoeConfig,
+    routed: f64,
+    local: f64,
+    ops: &mut OpList,
+) {
+    let x = &d.moe;
+    let h = card.hidden_size as f64;
+    let k = moe.top_k as f64;
+    let fe = moe.moe_ffn_hidden_size as f64;
+    let td = d.tokens_dispatched();
+    // Source side (balanced): permute the token copies before the dispatch (gather: read +
+    // write) and un-permute after the combine (read the copies, weighted scatter-add into
+    // the output): 3.5 passes over k copies of h. The allgather dispatcher permutes the
+    // gathered tokens of the whole TP x EP group; a flex backend permutes inside its dispatch
+    // kernel, leaving the combine's weighted sum (1.5 passes); the fused permute saves the
+    // separate index and probability passes (3 passes, 2 kernels).
+    let (copies, passes, kernels) = match (x.dispatcher, x.permute_fusion) {
+        (TokenDispatcher::Flex, _) => (td * k, 1.5, 2.0),
+        (TokenDispatcher::Allgather, fused) => {
+            (td * d.tp * d.ep, 3.5, if fused { 2.0 } else { 6.0 })
+        }
+        (TokenDispatcher::Alltoall, true) => (td * k, 3.0, 2.0),
+        (TokenDispatcher::Alltoall, false) => (td * k, 3.5, 6.0),
+    };
+    ops.push(
+        Op::memory("moe_permute", copies * h * ACT_BYTES * passes, kernels).in_part(Part::Experts),
+    );
+    // Expert side (busiest GPU): sort the received copies by local expert and unsort them
+    // before the combine (read + write each), and the experts' activation. A sequential MLP
+    // runs its activation and the copies in and out per expert; fused sort/unsort kernels
+    // replace the chunk sorts.
+    let expert_kernels = match (x.grouped_gemm, x.permute_fusion) {
+        (GroupedGemm::Sequential, _) => 2.0 + 3.0 * local,
+        (_, true) => 3.0,
+        (_, false) => 5.0,
+    };
+    ops.push(
+        Op::memory(
+            "moe_expert_elementwise",
+            routed * h * ACT_BYTES * 4.0
+                + routed * activation_bytes_per_width(card, fe / d.etp) * ACT_BYTES,
+            expert_kernels,
+        )
+        .in_part(Part::Experts),
+    );
+}

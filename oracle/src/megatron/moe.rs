@@ -1,0 +1,273 @@
+//! The flags of the MoE execution options and of the execution options MoE recipes use
+//! (`spec.parallelism.moe`, `fp8Recipe`, `cudaGraph`, `fsdpKind`): written by
+//! [`super::layout_args`], read back by [`super::MegatronArgs::layout`]. Megatron-Core generates
+//! most of them from `TransformerConfig` fields (`megatron/training/argument_utils.py`:
+//! `moe_token_dispatcher_type` -> `--moe-token-dispatcher-type`); Primus-Turbo's DeepEP is
+//! switched on by Primus's own overrides (`--enable_primus_turbo True --use_turbo_deepep True`,
+//! `docs/04-technical-guides/moe-training.md`).
+//!
+//! Every MoE job names its dispatcher (`--moe-token-dispatcher-type`, also Megatron's default
+//! `allgather`) and its load balancing; the other options are written when they differ from
+//! Megatron's default, which is exactly what Megatron runs without the flag (sequential experts
+//! without `--moe-grouped-gemm`).
+
+use crate::error::FieldError;
+use crate::layout::{
+    CudaGraphImpl, CudaGraphModule, Factor, FlexBackend, Fp8Recipe, FsdpKind, GroupedGemm, Layout,
+    LoadBalancing, RouterDtype, TokenDispatcher,
+};
+use crate::scenario::Scenario;
+
+use super::{MegatronArgs, flag};
+
+/// The option flags, one constant each, shared by the writer and the parser.
+pub mod moe_flag {
+    pub const DISPATCHER: &str = "--moe-token-dispatcher-type";
+    pub const FLEX_BACKEND: &str = "--moe-flex-dispatcher-backend";
+    /// Primus: turn on Primus-Turbo (needed by the next).
+    pub const PRIMUS_TURBO: &str = "--enable_primus_turbo";
+    /// Primus: Primus-Turbo's DeepEP dispatcher.
+    pub const TURBO_DEEPEP: &str = "--use_turbo_deepep";
+    pub const GROUPED_GEMM: &str = "--moe-grouped-gemm";
+    pub const LEGACY_GROUPED_GEMM: &str = "--moe-use-legacy-grouped-gemm";
+    pub const PERMUTE_FUSION: &str = "--moe-permute-fusion";
+    pub const ROUTER_FUSION: &str = "--moe-router-fusion";
+    pub const SHARED_EXPERT_OVERLAP: &str = "--moe-shared-expert-overlap";
+    pub const EP_OVERLAP: &str = "--overlap-moe-expert-parallel-comm";
+    pub const DELAY_WGRAD: &str = "--delay-wgrad-compute";
+    pub const LOAD_BALANCING: &str = "--moe-router-load-balancing-type";
+    pub const FORCE_BALANCE: &str = "--moe-router-force-load-balancing";
+    pub const PAD_TO_CAPACITY: &str = "--moe-pad-expert-input-to-capacity";
+    pub const RANK_CAPACITY: &str = "--moe-expert-rank-capacity-factor";
+    pub const ROUTER_DTYPE: &str = "--moe-router-dtype";
+    pub const FP8_RECIPE: &str = "--fp8-recipe";
+    pub const CUDA_GRAPH_IMPL: &str = "--cuda-graph-impl";
+    /// Takes a list: the values up to the next flag.
+    pub const CUDA_GRAPH_MODULES: &str = "--cuda-graph-modules";
+    /// Full-iteration graphs need it (`megatron/training/arguments.py`).
+    pub const NO_NAN_CHECK: &str = "--no-check-for-nan-in-loss-and-grad";
+    pub const MEGATRON_FSDP: &str = "--use-megatron-fsdp";
+    pub const SHARDING_STRATEGY: &str = "--data-parallel-sharding-strategy";
+}
+
+use moe_flag as f;
+
+/// Switches among the option flags.
+pub const SWITCHES: &[&str] = &[
+    f::GROUPED_GEMM,
+    f::LEGACY_GROUPED_GEMM,
+    f::PERMUTE_FUSION,
+    f::ROUTER_FUSION,
+    f::SHARED_EXPERT_OVERLAP,
+    f::EP_OVERLAP,
+    f::DELAY_WGRAD,
+    f::FORCE_BALANCE,
+    f::PAD_TO_CAPACITY,
+    f::NO_NAN_CHECK,
+    f::MEGATRON_FSDP,
+];
+
+/// Valued flags among the option flags (what a job writer removes from a template, with its
+/// value, before appending a layout's).
+pub const VALUED: &[&str] = &[
+    f::DISPATCHER,
+    f::FLEX_BACKEND,
+    f::PRIMUS_TURBO,
+    f::TURBO_DEEPEP,
+    f::LOAD_BALANCING,
+    f::RANK_CAPACITY,
+    f::ROUTER_DTYPE,
+    f::FP8_RECIPE,
+    f::CUDA_GRAPH_IMPL,
+    f::CUDA_GRAPH_MODULES,
+    f::SHARDING_STRATEGY,
+];
+
+/// The option flags of a layout, in a stable order.
+pub(super) fn write(s: &Scenario, l: &Layout, a: &mut Vec<String>) {
+    let mut kv = |k: &str, v: &str| {
+        a.push(k.to_string());
+        a.push(v.to_string());
+    };
+    if let Some(card) = &s.model.moe {
+        let m = &l.moe;
+        kv(f::DISPATCHER, m.token_dispatcher.as_str());
+        match m.flex_backend {
+            Some(FlexBackend::PrimusTurboDeepep) => {
+                kv(f::PRIMUS_TURBO, "True");
+                kv(f::TURBO_DEEPEP, "True");
+            }
+            Some(b) => kv(f::FLEX_BACKEND, b.as_str()),
+            None => {}
+        }
+        kv(f::LOAD_BALANCING, m.load_balancing.as_str());
+        if let Some(c) = m.capacity_factor
+            && card.capacity_factor != Some(c.get())
+        {
+            kv(flag::MOE_CAPACITY, &c.get().to_string());
+        }
+        if let Some(c) = m.rank_capacity_factor {
+            kv(f::RANK_CAPACITY, &c.get().to_string());
+        }
+        if let Some(d) = m.router_dtype {
+            kv(f::ROUTER_DTYPE, d.as_str());
+        }
+    }
+    if let Some(r) = l.fp8_recipe {
+        kv(f::FP8_RECIPE, r.as_str());
+    }
+    if !l.cuda_graph.is_none() {
+        kv(f::CUDA_GRAPH_IMPL, l.cuda_graph.implementation.as_str());
+    }
+    if l.fsdp && l.fsdp_kind == FsdpKind::Megatron {
+        kv(f::SHARDING_STRATEGY, "optim_grads_params");
+    }
+    if !l.cuda_graph.modules.is_empty() {
+        a.push(f::CUDA_GRAPH_MODULES.into());
+        a.extend(l.cuda_graph.modules.iter().map(|m| m.as_str().to_string()));
+    }
+    let m = &l.moe;
+    for (on, name) in [
+        (m.grouped_gemm != GroupedGemm::Sequential, f::GROUPED_GEMM),
+        (
+            m.grouped_gemm == GroupedGemm::Legacy,
+            f::LEGACY_GROUPED_GEMM,
+        ),
+        (m.permute_fusion, f::PERMUTE_FUSION),
+        (m.router_fusion, f::ROUTER_FUSION),
+        (m.shared_expert_overlap, f::SHARED_EXPERT_OVERLAP),
+        (m.ep_overlap, f::EP_OVERLAP),
+        (m.delay_wgrad, f::DELAY_WGRAD),
+        (m.force_load_balancing, f::FORCE_BALANCE),
+        (m.pad_to_capacity, f::PAD_TO_CAPACITY),
+        (
+            l.cuda_graph.implementation == CudaGraphImpl::FullIteration,
+            f::NO_NAN_CHECK,
+        ),
+    ] {
+        if on {
+            a.push(name.to_string());
+        }
+    }
+}
+
+/// Whether a Primus-style boolean override (`True`, `true`, `1`) is on.
+fn truthy(v: Option<&str>) -> bool {
+    matches!(v, Some("True" | "true" | "1"))
+}
+
+/// An enum flag's value, or an error naming the flag and the allowed values.
+fn choice<T: Copy>(
+    args: &MegatronArgs,
+    name: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    allowed: &[&str],
+) -> Result<Option<T>, FieldError> {
+    match args.values.get(name) {
+        None => Ok(None),
+        Some(None) => Err(FieldError::new(name, "needs a value")),
+        Some(Some(v)) => parse(v).map(Some).ok_or_else(|| {
+            FieldError::new(name, format!("{v:?} is not one of {}", allowed.join(", ")))
+        }),
+    }
+}
+
+/// A capacity factor flag (Megatron: a negative value means none).
+fn factor(args: &MegatronArgs, name: &str) -> Result<Option<Factor>, FieldError> {
+    Ok(args.num::<f64>(name)?.filter(|v| *v >= 0.0).map(Factor))
+}
+
+/// Read the option flags into a layout (the rest of it already read).
+pub(super) fn read(
+    args: &MegatronArgs,
+    model: &crate::model::ModelCard,
+    l: &mut Layout,
+) -> Result<(), FieldError> {
+    let names = |all: &[&'static str]| all.to_vec();
+    let m = &mut l.moe;
+    if let Some(d) = choice(
+        args,
+        f::DISPATCHER,
+        TokenDispatcher::parse,
+        &names(&TokenDispatcher::ALL.map(|d| d.as_str())),
+    )? {
+        m.token_dispatcher = d;
+    }
+    m.flex_backend = choice(
+        args,
+        f::FLEX_BACKEND,
+        |v| FlexBackend::parse(v).filter(|b| *b != FlexBackend::PrimusTurboDeepep),
+        &["deepep", "hybridep"],
+    )?;
+    if truthy(args.get(f::TURBO_DEEPEP)) {
+        m.token_dispatcher = TokenDispatcher::Flex;
+        m.flex_backend = Some(FlexBackend::PrimusTurboDeepep);
+    }
+    m.grouped_gemm = match (args.has(f::GROUPED_GEMM), args.has(f::LEGACY_GROUPED_GEMM)) {
+        (true, true) => GroupedGemm::Legacy,
+        (true, false) => GroupedGemm::Grouped,
+        (false, _) => GroupedGemm::Sequential,
+    };
+    m.permute_fusion = args.has(f::PERMUTE_FUSION);
+    m.router_fusion = args.has(f::ROUTER_FUSION);
+    m.shared_expert_overlap = args.has(f::SHARED_EXPERT_OVERLAP);
+    m.ep_overlap = args.has(f::EP_OVERLAP);
+    m.delay_wgrad = args.has(f::DELAY_WGRAD);
+    m.force_load_balancing = args.has(f::FORCE_BALANCE);
+    m.pad_to_capacity = args.has(f::PAD_TO_CAPACITY);
+    if let Some(b) = choice(
+        args,
+        f::LOAD_BALANCING,
+        LoadBalancing::parse,
+        &names(&LoadBalancing::ALL.map(|d| d.as_str())),
+    )? {
+        m.load_balancing = b;
+    }
+    let card_capacity = model.moe.as_ref().and_then(|c| c.capacity_factor);
+    m.capacity_factor =
+        factor(args, flag::MOE_CAPACITY)?.filter(|c| Some(c.get()) != card_capacity);
+    m.rank_capacity_factor = factor(args, f::RANK_CAPACITY)?;
+    m.router_dtype = choice(
+        args,
+        f::ROUTER_DTYPE,
+        RouterDtype::parse,
+        &names(&RouterDtype::ALL.map(|d| d.as_str())),
+    )?;
+    l.fp8_recipe = choice(
+        args,
+        f::FP8_RECIPE,
+        Fp8Recipe::parse,
+        &names(&Fp8Recipe::ALL.map(|d| d.as_str())),
+    )?;
+    if let Some(i) = choice(
+        args,
+        f::CUDA_GRAPH_IMPL,
+        CudaGraphImpl::parse,
+        &names(&CudaGraphImpl::ALL.map(|d| d.as_str())),
+    )? {
+        l.cuda_graph.implementation = i;
+    }
+    if let Some(list) = args.get(f::CUDA_GRAPH_MODULES) {
+        l.cuda_graph.modules = list
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .filter(|w| !w.is_empty())
+            .map(|w| {
+                CudaGraphModule::parse(w).ok_or_else(|| {
+                    FieldError::new(
+                        f::CUDA_GRAPH_MODULES,
+                        format!(
+                            "{w:?} is not a capture module ({})",
+                            CudaGraphModule::ALL.map(|m| m.as_str()).join(", ")
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+    }
+    if args.has(f::MEGATRON_FSDP) {
+        l.fsdp = true;
+        l.fsdp_kind = FsdpKind::Megatron;
+        l.distributed_optimizer = false;
+    }
+    Ok(())
+}
