@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod kubectl;
+pub mod llm;
 pub mod node_agent;
 pub mod tools;
 pub use kubectl::Kubectl;
