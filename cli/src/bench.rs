@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
-use primus_crds::annotations::{BENCH_MANAGER, MANAGED_BY, PLAN_LABEL};
+use primus_crds::annotations::{BENCH_MANAGER, MANAGED_BY, PLAN_LABEL, REPORT_SIGNATURE};
+use primus_crds::provenance;
 use primus_crds::{BenchmarkReport, BenchmarkReportSpec, TrainingPlan};
 use primus_oracle::bench::measure::{self, Protocol, Provenance};
 use primus_oracle::bench::simulate::SimulatedDevice;
@@ -70,6 +71,18 @@ pub struct Args {
     /// `--plan` plan owns it when it lives in the same namespace.
     #[arg(long, value_name = "NAME")]
     pub owner_plan: Option<String>,
+    /// Sign the report with this attempt token (the operator hands one to each benchmark pod
+    /// through a Secret; the report is trusted only when signed with it).
+    #[arg(
+        long,
+        env = "PRIMUS_REPORT_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub report_token: Option<String>,
+    /// The attempt the token belongs to (set by the operator beside the token).
+    #[arg(long, env = "PRIMUS_REPORT_ATTEMPT", value_name = "N")]
+    pub report_attempt: Option<u32>,
     /// Also write the results as JSON to this file.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -373,15 +386,24 @@ pub fn plan_owner_reference(plan: &TrainingPlan) -> Option<OwnerReference> {
     })
 }
 
+/// An attempt's token: the report is signed with it (`primus_crds::provenance`).
+#[derive(Debug, Clone, Copy)]
+pub struct Token<'a> {
+    pub value: &'a str,
+    pub attempt: u32,
+}
+
 /// The BenchmarkReport `primus bench --report-to NAMESPACE/NAME` applies: labelled with the
-/// plan (when the name fits a label value), owned by `owner` when given, optional fields absent
-/// rather than null (the CRD's schema has no `nullable`).
+/// plan (when the name fits a label value), owned by `owner` when given, signed with `token`
+/// when given (and owned: the signature binds the owning plan), optional fields absent rather
+/// than null (the CRD's schema has no `nullable`).
 pub fn report_body(
     namespace: &str,
     name: &str,
     plan: &Plan,
     owner: Option<OwnerReference>,
     results: &BenchmarkResults,
+    token: Option<Token<'_>>,
 ) -> Result<serde_json::Value, CliError> {
     let labels = (plan.name.len() <= 63).then(|| {
         [
@@ -390,18 +412,33 @@ pub fn report_body(
         ]
         .into()
     });
+    let spec = BenchmarkReportSpec {
+        plan: plan.name.clone(),
+        results: results.clone(),
+    };
+    let annotations = match (token, &owner) {
+        (Some(t), Some(o)) => {
+            let subject = provenance::Subject {
+                namespace,
+                report: name,
+                plan_uid: &o.uid,
+                attempt: t.attempt,
+            };
+            let signature = provenance::sign(t.value, &subject, &spec);
+            Some([(REPORT_SIGNATURE.to_string(), signature)].into())
+        }
+        _ => None,
+    };
     let report = BenchmarkReport {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
             labels,
+            annotations,
             owner_references: owner.map(|o| vec![o]),
             ..ObjectMeta::default()
         },
-        spec: BenchmarkReportSpec {
-            plan: plan.name.clone(),
-            results: results.clone(),
-        },
+        spec,
     };
     let mut body = serde_json::to_value(&report)
         .map_err(|e| CliError::Failed(format!("benchmarkreport {namespace}/{name}: {e}")))?;
@@ -430,7 +467,19 @@ async fn post_async(
         (None, Some((plan_ns, object))) if plan_ns == ns => plan_owner_reference(object),
         _ => None,
     };
-    let body = report_body(&ns, &name, plan, owner, results)?;
+    let token = match (&args.report_token, args.report_attempt) {
+        (Some(value), Some(attempt)) => Some(Token { value, attempt }),
+        (Some(_), None) => {
+            return Err(CliError::Input(
+                "--report-token needs --report-attempt (PRIMUS_REPORT_ATTEMPT)".into(),
+            ));
+        }
+        _ => None,
+    };
+    if token.is_some() && owner.is_none() {
+        eprintln!("warning: the report has no owning plan, so it is not signed");
+    }
+    let body = report_body(&ns, &name, plan, owner, results, token)?;
     let api: Api<BenchmarkReport> = Api::namespaced(client.clone(), &ns);
     let what = format!("benchmarkreport {ns}/{name}");
     timed(
@@ -493,7 +542,16 @@ mod tests {
         );
         owner_plan.metadata.uid = Some("uid-1".into());
         let owner = plan_owner_reference(&owner_plan);
-        let body = report_body("ns", "p-bench-1", &p, owner, &results).unwrap();
+        let token = Token {
+            value: "t0k3n",
+            attempt: 3,
+        };
+        let body = report_body("ns", "p-bench-1", &p, owner, &results, Some(token)).unwrap();
+        let sig = body["metadata"]["annotations"][REPORT_SIGNATURE]
+            .as_str()
+            .unwrap();
+        assert!(sig.starts_with("v1.3."), "{sig}");
+        assert!(!body.to_string().contains("t0k3n"), "the token stays out");
         assert_eq!(body["apiVersion"], "primus.dev/v1alpha1");
         assert_eq!(body["kind"], "BenchmarkReport");
         assert_eq!(body["metadata"]["namespace"], "ns");
@@ -517,7 +575,15 @@ mod tests {
         let long = "p".repeat(64);
         let p = plan(&long);
         let results = primus_oracle::bench::simulate::simulate(&p, Provenance::default());
-        let body = report_body("ns", "r", &p, None, &results).unwrap();
+        let token = Some(Token {
+            value: "t",
+            attempt: 1,
+        });
+        let body = report_body("ns", "r", &p, None, &results, token).unwrap();
+        assert!(
+            body["metadata"].get("annotations").is_none(),
+            "unowned: unsigned"
+        );
         assert!(body["metadata"].get("labels").is_none(), "{body}");
         assert!(body["metadata"].get("ownerReferences").is_none());
         assert_eq!(body["spec"]["plan"], long.as_str());

@@ -1,9 +1,10 @@
-//! `primus memory -f PLAN [-o table|json]`: per-stage, per-GPU memory of the plan's layout.
+//! `primus memory -f PLAN [-o table|json]`: per-stage, per-GPU memory of the plan's layout,
+//! the verdict, and the memory model's measured error band for the kind of job beside it.
 
 use std::path::PathBuf;
 
 use super::{CliError, Common, Output, plan, print_json};
-use primus_oracle::memory::{MemoryReport, estimate};
+use primus_oracle::memory::{Band, MemoryReport, Verdict, estimate};
 use primus_oracle::units::gib;
 
 #[derive(Debug, clap::Args)]
@@ -25,8 +26,20 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         .check(&p.scenario)
         .map_err(|e| CliError::Input(e.to_string()))?;
     let report = estimate(&p.scenario, layout);
+    let band = Band::of(&p.scenario);
+    let verdict = Verdict::of(
+        report.peak_bytes,
+        report.usable_bytes,
+        p.tuning.memory_headroom,
+        &band,
+    );
     match args.output {
-        Output::Json => print_json(&serde_json::json!({"layout": layout, "memory": report})),
+        Output::Json => print_json(&serde_json::json!({
+            "layout": layout,
+            "memory": report,
+            "band": band,
+            "verdict": verdict,
+        })),
         Output::Table => {
             let s = &p.scenario;
             println!(
@@ -50,9 +63,23 @@ pub fn run(args: &Args) -> Result<(), CliError> {
                 layout.dp(s.cluster.gpus).unwrap_or(0)
             );
             print!("{}", table(&report));
+            print!("{}", verdict_line(&report, &band, verdict));
             Ok(())
         }
     }
+}
+
+/// The verdict with the error band: `Error band -28%/+8% (Megatron MoE jobs): the real peak of
+/// this prediction lies in 64.91..89.73 GiB; verdict: fits (...)`.
+pub fn verdict_line(r: &MemoryReport, band: &Band, verdict: Verdict) -> String {
+    format!(
+        "Error band {}: the real peak of this prediction lies in {:.2}..{:.2} GiB; verdict: {} (the admission webhook denies above {:.2} GiB)\n",
+        band.describe(),
+        gib(r.peak_bytes / (1.0 + band.over)),
+        gib(r.peak_bytes * (1.0 + band.under)),
+        verdict.as_str(),
+        gib(band.deny_above(r.usable_bytes)),
+    )
 }
 
 /// The human table: one row per stage in GiB, the bottleneck marked, then the verdict.

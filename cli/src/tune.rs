@@ -286,6 +286,19 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
     );
     let _ = writeln!(
         out,
+        "memory pre-filter: layouts up to {:.0}% over the headroom limit are kept, the memory model's measured error band {} (the admission webhook denies only beyond it)",
+        r.memory_band.over * 100.0,
+        r.memory_band.describe(),
+    );
+    if !r.within_band.is_empty() {
+        let _ = writeln!(
+            out,
+            "kept within the band (predicted over the headroom limit): {}",
+            r.within_band.join("; ")
+        );
+    }
+    let _ = writeln!(
+        out,
         "\n{:>3}  {:<52} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
         "#", "LAYOUT", "TOK/S/GPU", "MFU", "PEAK GiB (PP)", "FREE GiB"
     );

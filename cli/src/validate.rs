@@ -1,10 +1,13 @@
 //! `primus validate FILE.csv [-o table|json] [--max-median-error PCT] [--max-error PCT]`:
-//! project every row of a published-measurements file and compare.
+//! project every row of a published-measurements file and compare; with `--memory`, compare
+//! the memory model with the measured peaks of a memory-validation file ([`memory`]).
 
 use std::path::PathBuf;
 
 use super::{CliError, Common, Output, catalog, print_json};
 use primus_oracle::validate::{Metric, Report, RowStatus, validate_file};
+
+pub mod memory;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -17,13 +20,22 @@ pub struct Args {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
-    /// Fail (exit 1) when the median absolute error exceeds this many percent.
+    /// Validate the memory model: FILE gives measured peaks (oracle/tests/data/memory.csv's
+    /// columns: framework, outcome, measuredPeakAllocatedGiB / ReservedGiB / DeviceUsedGiB,
+    /// peakStage, ...); a throughput CSV is read as rows that ran ("fits" rows).
+    #[arg(long)]
+    pub memory: bool,
+    /// Fail (exit 1) when the median absolute error exceeds this many percent (with --memory:
+    /// of the Megatron-family rows).
     #[arg(long, value_name = "PCT")]
     pub max_median_error: Option<f64>,
-    /// Fail (exit 1) when any row's absolute error exceeds this many percent.
+    /// Fail (exit 1) when any row's absolute error exceeds this many percent (with --memory:
+    /// any Megatron-family row's).
     #[arg(long, value_name = "PCT")]
     pub max_error: Option<f64>,
-    /// Fail (exit 1) when a row cannot be projected (unknown preset, illegal layout, bad field).
+    /// Fail (exit 1) when a row cannot be projected (unknown preset, illegal layout, bad field);
+    /// with --memory also on a false denial (a run that ran, predicted over usable by more than
+    /// the error band) or a missed OOM.
     #[arg(long)]
     pub strict: bool,
 }
@@ -142,6 +154,9 @@ pub fn table(r: &Report) -> String {
 }
 
 pub fn run(args: &Args) -> Result<(), CliError> {
+    if args.memory {
+        return memory::run(args);
+    }
     let c = catalog(&args.common)?;
     let report = validate_file(&args.file, &c)?;
     match args.output {

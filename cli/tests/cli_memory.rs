@@ -127,3 +127,45 @@ fn illegal_layout_names_the_field() {
         "error: spec.parallelism.tp: 16 does not divide the model's 8 key/value heads (GQA groups); Megatron splits whole groups over TP\n"
     );
 }
+
+#[test]
+fn the_verdict_comes_with_the_measured_error_band() {
+    // Table: the band of the kind of job (DeepSeek-V3 is MoE) beside the verdict; JSON: the
+    // band's fractions and the verdict.
+    let out = primus()
+        .args(["memory", "-f", &example("deepseek-v3-h100.yaml")])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    let band = primus_oracle::memory::JobKind::MegatronMoe.band();
+    assert!(
+        text.contains(&format!("Error band {}", band.describe())),
+        "{text}"
+    );
+    assert!(text.contains("verdict: "), "{text}");
+    let out = primus()
+        .args([
+            "memory",
+            "-f",
+            &example("llama3.1-70b-h100.yaml"),
+            "-o",
+            "json",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let dense = primus_oracle::memory::JobKind::MegatronDense.band();
+    assert_eq!(v["band"]["kind"], "megatron-dense");
+    assert_eq!(v["band"]["over"].as_f64(), Some(dense.over));
+    assert_eq!(v["band"]["under"].as_f64(), Some(dense.under));
+    assert!(
+        ["fits", "at-risk", "within-band", "exceeds"].contains(&v["verdict"].as_str().unwrap()),
+        "{v}"
+    );
+}

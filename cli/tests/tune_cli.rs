@@ -56,6 +56,8 @@ fn json_output_has_the_documented_fields() {
         "gainOverReference",
         "searcher",
         "seconds",
+        "memoryBand",
+        "withinBand",
     ] {
         assert!(v.get(key).is_some(), "missing {key}: {v}");
     }
@@ -127,6 +129,16 @@ fn table_output_lists_the_top_layouts_and_the_reference() {
         "{text}"
     );
     assert!(text.contains("rejected by memory:"), "{text}");
+    // The pre-filter's widening by the memory model's measured error band is stated.
+    let band = primus_oracle::memory::JobKind::MegatronMoe.band();
+    assert!(
+        text.contains(&format!(
+            "memory pre-filter: layouts up to {:.0}% over the headroom limit are kept, the memory model's measured error band {}",
+            band.over * 100.0,
+            band.describe()
+        )),
+        "{text}"
+    );
     for rank in 1..=4 {
         assert!(
             text.contains(&format!("\n{rank:>3}  TP")),

@@ -99,3 +99,83 @@ fn a_missing_column_is_an_input_error() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn cli_validate_memory_reports_rows_aggregates_and_gates() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/memory.csv"
+    );
+    let ok = Command::cargo_bin("primus")
+        .expect("binary")
+        .args([
+            "validate",
+            "--memory",
+            path,
+            "--max-median-error",
+            "13",
+            "--max-error",
+            "28",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let text = String::from_utf8_lossy(&ok.stdout);
+    for part in [
+        "MB-O1",
+        "after-step",
+        "Megatron family, MoE",
+        "other frameworks (TorchTitan)",
+        "not in the gate: needs option cudaGraph=te-scoped",
+        "0 false denials",
+    ] {
+        assert!(text.contains(part), "no {part:?} in {text}");
+    }
+    // The targets (5% median, 12% max) are not met: the gate says so in one line.
+    let bad = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "--memory", path, "--max-error", "12"])
+        .output()
+        .expect("runs");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("Megatron-family maximum |error|"), "{err}");
+    // A throughput CSV is read as rows that ran; JSON carries the verdicts.
+    let published = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/published.csv"
+    );
+    let json = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "--memory", published, "-o", "json"])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 23);
+    assert!(
+        rows.iter()
+            .all(|r| r["outcome"] == "ran" && r["verdict"].is_string())
+    );
+    // A bad option value is reported loudly, naming the column.
+    let header = "id,model,gpu,gpus,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,tokenDispatcher";
+    let csv = format!("{header}\nA,llama3.1-8b,h100-sxm,8,bf16,8192,64,1,1,1,magic\n");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.csv");
+    std::fs::write(&file, csv).unwrap();
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "--memory", file.to_str().unwrap(), "--strict"])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("column tokenDispatcher: \"magic\" is not one of"),
+        "{text}"
+    );
+}

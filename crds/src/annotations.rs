@@ -17,6 +17,10 @@ pub const GPU: &str = "primus.dev/gpu";
 /// Job annotation: training settings (JSON: seqLength, globalBatchSize, precision).
 pub const TRAINING: &str = "primus.dev/training";
 
+/// BenchmarkReport annotation: the benchmark pod's signature of the report
+/// (`v1.<attempt>.<hex HMAC-SHA256>`, see [`crate::provenance`]).
+pub const REPORT_SIGNATURE: &str = "primus.dev/report-signature";
+
 /// Label on a namespace: `strict` makes the webhook deny jobs it cannot derive.
 pub const ADMISSION_MODE: &str = "primus.dev/admission";
 /// Label on a PyTorchJob or namespace: `"true"` opts out of memory validation.

@@ -11,6 +11,7 @@
 pub mod annotations;
 pub mod benchmark_report;
 pub mod crdgen;
+pub mod provenance;
 pub mod pytorchjob;
 pub mod training_plan;
 

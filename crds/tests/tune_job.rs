@@ -485,3 +485,88 @@ fn the_templates_recompute_module_list_is_replaced_by_the_layouts() {
         .unwrap();
     assert_eq!(back.recompute_modules, l.recompute_modules, "{script}");
 }
+
+#[test]
+fn the_writer_writes_the_plans_memory_options_over_the_templates() {
+    use primus_oracle::layout::{Fraction, OptimizerDtype};
+    // A Primus-style template that sets dropout 0, BF16 moments and expandable segments; the
+    // plan says Megatron's default dropout (0.1), the precision-aware optimizer with BF16
+    // gradients only, and no expandable segments: the job must run what the plan says.
+    let s = scenario("mi300x", 16);
+    let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
+        "containers": [{
+            "name": "pytorch",
+            "image": "registry.local/primus:1",
+            "args": [
+                "--hidden-dropout", "0.0", "--attention-dropout=0.0",
+                "--exp-avg-dtype", "bf16", "--fp8-param-gather", "--lr", "3e-4"
+            ],
+            "env": [
+                {"name": "PYTORCH_HIP_ALLOC_CONF", "value": "expandable_segments:True,max_split_size_mb:512"},
+                {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"}
+            ]
+        }]
+    }}}}}});
+    let l = Layout {
+        tp: 8,
+        pp: 2,
+        precision_aware_optimizer: true,
+        main_grads_dtype: OptimizerDtype::Bf16,
+        ..Layout::default()
+    };
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    let c = container(&job, "Master");
+    let a = args(&c);
+    for gone in [
+        "--hidden-dropout",
+        "--attention-dropout=0.0",
+        "--exp-avg-dtype",
+        "--fp8-param-gather",
+    ] {
+        assert!(!a.contains(&gone.to_string()), "{gone} left in {a:?}");
+    }
+    let parsed = MegatronArgs::parse(a.iter().map(String::as_str));
+    let back = parsed.layout(&s.model).unwrap();
+    assert_eq!(back.hidden_dropout, Fraction::new(0.1));
+    assert_eq!(back.exp_avg_dtype, OptimizerDtype::Fp32);
+    assert!(back.precision_aware_optimizer && !back.fp8_param_gather);
+    assert_eq!(back.main_grads_dtype, OptimizerDtype::Bf16);
+    assert!(
+        a.contains(&"--lr".to_string()),
+        "the template's own flags stay: {a:?}"
+    );
+    let env = c["env"].as_array().unwrap();
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        value("PYTORCH_HIP_ALLOC_CONF").as_deref(),
+        Some("max_split_size_mb:512")
+    );
+    assert_eq!(value("PYTORCH_CUDA_ALLOC_CONF"), None, "emptied, removed");
+    // With expandable segments on, the vendor's variable (AMD: PYTORCH_HIP_ALLOC_CONF) has it.
+    let on = Layout {
+        expandable_segments: true,
+        attention_dropout: Fraction::ZERO,
+        hidden_dropout: Fraction::ZERO,
+        ..l
+    };
+    let job = pytorchjob("p", None, &s, &on, None, &JobOptions::default()).unwrap();
+    let c = container(&job, "Master");
+    let env = c["env"].as_array().unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "PYTORCH_HIP_ALLOC_CONF"
+                && e["value"] == "expandable_segments:True"),
+        "{env:?}"
+    );
+    let a = args(&c);
+    let at = a.iter().position(|x| x == "--hidden-dropout").unwrap();
+    assert_eq!(a[at + 1], "0");
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.hidden_dropout, Fraction::ZERO);
+}

@@ -31,6 +31,14 @@ pub struct Config {
     /// Extra grace after `timeoutSeconds` before a benchmark pod that never finished (no
     /// kubelet honoured `activeDeadlineSeconds`) counts as failed.
     pub bench_grace: Duration,
+    /// Where `spec.drift.prometheus.url` may point (`--drift-url-allow`); empty: nowhere, the
+    /// plans' Prometheus queries are refused.
+    pub drift_urls: Vec<crate::drift::UrlRule>,
+    /// Images a plan's `spec.benchmark.image` may name (`--bench-image-allow`), besides
+    /// `bench_image`: exact, or a prefix ending in `*`.
+    pub bench_images: Vec<String>,
+    /// The key benchmark tokens derive from (loaded from its Secret at start-up).
+    pub report_key: crate::report_key::ReportKey,
 }
 
 impl Default for Config {
@@ -45,6 +53,9 @@ impl Default for Config {
             resync: Duration::from_secs(600),
             drift_interval: Duration::from_secs(60),
             bench_grace: Duration::from_secs(30),
+            drift_urls: Vec::new(),
+            bench_images: Vec::new(),
+            report_key: crate::report_key::ReportKey::random(),
         }
     }
 }
@@ -92,11 +103,7 @@ impl Context {
                 instance,
             },
         );
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let http = crate::drift::client();
         Context {
             client,
             config,
@@ -137,6 +144,35 @@ impl Context {
         f.remove(key);
     }
 
+    /// Drop the per-plan state (metric series, backoff) of every plan not in `live`
+    /// (`namespace/name` keys): plans deleted, whether or not a pass saw them go. Returns the
+    /// plans forgotten.
+    pub fn forget_all_but(&self, live: &std::collections::HashSet<String>) -> Vec<String> {
+        let mut gone = Vec::new();
+        for (ns, plan) in self.metrics.plans() {
+            let key = format!("{ns}/{plan}");
+            if !live.contains(&key) {
+                self.metrics.forget_plan(&ns, &plan);
+                gone.push(key);
+            }
+        }
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.retain(|k, _| {
+            let keep = live.contains(k);
+            if !keep && !gone.contains(k) {
+                gone.push(k.clone());
+            }
+            keep
+        });
+        gone
+    }
+
+    /// Plans with a failure count (for tests and the sweep's log).
+    pub fn backoff_keys(&self) -> Vec<String> {
+        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.keys().cloned().collect()
+    }
+
     /// The cached answer to "is the PyTorchJob CRD installed", when fresh. Only a positive
     /// answer is trusted for a while; a missing CRD is looked up again on every pass.
     pub fn job_crd_cached(&self) -> Option<bool> {
@@ -154,5 +190,39 @@ impl Context {
     pub fn set_job_crd(&self, present: bool) {
         let mut c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
         *c = Some((present, Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_state_of_plans_that_are_gone_is_forgotten() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let ctx = Context::new(
+            client,
+            Config::default(),
+            Metrics::new(),
+            Catalog::builtin().unwrap(),
+            None,
+        );
+        ctx.failed("ns/stalled");
+        ctx.failed("ns/kept");
+        Metrics::set_plan(&ctx.metrics.stalled, "ns", "stalled", Some(1.0));
+        Metrics::set_plan(&ctx.metrics.ready, "ns", "kept", Some(1.0));
+        Metrics::set_plan(&ctx.metrics.ready, "ns", "metrics-only", Some(0.0));
+        let live = std::collections::HashSet::from(["ns/kept".to_string()]);
+        let mut gone = ctx.forget_all_but(&live);
+        gone.sort();
+        assert_eq!(gone, ["ns/metrics-only", "ns/stalled"]);
+        assert_eq!(ctx.backoff_keys(), ["ns/kept"]);
+        let text = ctx.metrics.render();
+        assert!(!text.contains(r#"plan="stalled""#), "{text}");
+        assert!(text.contains(r#"plan="kept""#), "{text}");
+        // Nothing left to forget the second time.
+        assert!(ctx.forget_all_but(&live).is_empty());
     }
 }

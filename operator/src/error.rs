@@ -60,6 +60,54 @@ impl Error {
     }
 }
 
+/// Most characters of the API server's message a condition quotes.
+pub const REFUSAL_MESSAGE_CHARS: usize = 400;
+
+/// The API server's answer to a write it refused: its reason (`Forbidden`, `Invalid`,
+/// `Conflict`, ...), the HTTP code and its message, as a condition quotes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// What was attempted (`create pod team/p-bench-1a2b-1`).
+    pub what: String,
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let reason = if self.reason.is_empty() {
+            "Failure"
+        } else {
+            &self.reason
+        };
+        write!(
+            f,
+            "the API server refused to {} ({reason}, {}): {}",
+            self.what, self.code, self.message
+        )
+    }
+}
+
+impl Error {
+    /// The refusal, when the API server answered the call with an error status (not for
+    /// timeouts and broken connections: those are retried silently with backoff).
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Kube {
+                what,
+                source: kube::Error::Api(s),
+            } => Some(Refusal {
+                what: what.clone(),
+                code: s.code,
+                reason: s.reason.clone(),
+                message: s.message.chars().take(REFUSAL_MESSAGE_CHARS).collect(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// Whether a Kubernetes error is a 404.
 pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use hyper_util::service::TowerToHyperService;
+use primus_runtime::http::{HEADER_READ_TIMEOUT, serve_plain};
 use warp::Filter;
 use warp::http::StatusCode;
 
@@ -53,18 +55,28 @@ pub fn routes(
 }
 
 /// Bind `addr` and serve until `shutdown` resolves; returns the bound address and the task.
+/// A request's headers must arrive within [`HEADER_READ_TIMEOUT`] (slowloris).
 pub async fn serve(
     addr: SocketAddr,
     metrics: Metrics,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_with(addr, metrics, health, HEADER_READ_TIMEOUT, shutdown).await
+}
+
+/// [`serve`] with another header timeout (tests).
+pub async fn serve_with(
+    addr: SocketAddr,
+    metrics: Metrics,
+    health: Arc<Health>,
+    header_timeout: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let server = warp::serve(routes(metrics, health))
-        .incoming(listener)
-        .graceful(shutdown)
-        .run();
+    let service = TowerToHyperService::new(warp::service(routes(metrics, health)));
+    let server = serve_plain(listener, service, header_timeout, shutdown);
     Ok((bound, tokio::spawn(server)))
 }
 
@@ -79,11 +91,30 @@ mod tests {
         Metrics::set_plan(&m.projected, "ns", "p", Some(12.5));
         let h = Arc::new(Health::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr, task) = serve("127.0.0.1:0".parse().unwrap(), m, h.clone(), async {
-            let _ = stop_rx.await;
-        })
+        let timeout = std::time::Duration::from_millis(300);
+        let (addr, task) = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            m,
+            h.clone(),
+            timeout,
+            async {
+                let _ = stop_rx.await;
+            },
+        )
         .await
         .unwrap();
+        // A client that opens a connection and sends half a request is cut off.
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHo").await.unwrap();
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut buf));
+            assert!(
+                matches!(read.await, Ok(Ok(_)) | Ok(Err(_))),
+                "the slow client was not cut off within 3 s"
+            );
+        }
         let http = reqwest::Client::new();
         let get = |path: &str| http.get(format!("http://{addr}{path}")).send();
         assert_eq!(get("/readyz").await.unwrap().status(), 503);

@@ -35,6 +35,16 @@ pub fn pytorchjob_resource() -> ApiResource {
     ApiResource::erase::<primus_crds::PyTorchJob>(&())
 }
 
+/// `trainingplans.primus.dev/v1alpha1`, for calls whose answer is not decoded.
+pub fn plan_resource() -> ApiResource {
+    ApiResource::erase::<TrainingPlan>(&())
+}
+
+/// `benchmarkreports.primus.dev/v1alpha1`, for lists decoded object by object.
+pub fn report_resource() -> ApiResource {
+    ApiResource::erase::<primus_crds::BenchmarkReport>(&())
+}
+
 /// A controller owner reference to the plan (garbage collection deletes the object with the
 /// plan; the controller's watches map the object back to the plan).
 pub fn owner_reference(plan: &TrainingPlan) -> Result<OwnerReference, Error> {

@@ -3,8 +3,9 @@
 //! `resourceVersion` (optimistic concurrency: of two candidates writing the same version, one
 //! gets a 409 and stays a follower). Expiry is judged on this process's own clock, from when
 //! the holder's record was last seen to change (client-go's approach), so clock skew between
-//! replicas does not matter. A leader that cannot renew within the renew deadline steps down;
-//! on shutdown it releases the Lease so another replica takes over at once.
+//! replicas does not matter. A leader that cannot renew within the renew deadline steps down,
+//! and its [`Fence`] closes at that deadline whatever its calls are doing; on shutdown it
+//! releases the Lease so another replica takes over at once.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use kube::api::{Api, PostParams};
 use tracing::{debug, info};
 
 use crate::error::{Error, is_conflict, is_not_found};
+use crate::fence::Fence;
 use crate::kubeapi::call;
 
 /// How long releasing the Lease on shutdown may take (it expires by itself anyway).
@@ -232,25 +234,34 @@ impl Elector {
     }
 }
 
-/// Keep trying until this replica leads; `None` if `stop` fires first.
+/// Keep trying until this replica leads (then `fence` opens until the renew deadline after the
+/// winning attempt started); `None` if `stop` fires first. Each attempt is bounded by the renew
+/// deadline.
 pub async fn acquire(
     elector: &mut Elector,
     stop: &mut tokio::sync::watch::Receiver<bool>,
+    fence: &Fence,
 ) -> Option<()> {
     let mut last_holder = String::new();
+    let deadline = elector.settings().renew_deadline;
     loop {
         if *stop.borrow() {
             return None;
         }
-        match elector.try_acquire_or_renew().await {
-            Ok(Attempt::Leading) => return Some(()),
-            Ok(Attempt::Following { holder }) => {
+        let started = Instant::now();
+        match tokio::time::timeout(deadline, elector.try_acquire_or_renew()).await {
+            Ok(Ok(Attempt::Leading)) => {
+                fence.open_until(started + deadline);
+                return Some(());
+            }
+            Ok(Ok(Attempt::Following { holder })) => {
                 if holder != last_holder {
                     info!(holder = %holder, "another replica leads; standing by");
                     last_holder = holder;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "leader election attempt failed"),
+            Err(_) => tracing::warn!(after = ?deadline, "leader election attempt timed out"),
         }
         let wait = elector.settings().retry_period;
         tokio::select! {
@@ -260,35 +271,54 @@ pub async fn acquire(
     }
 }
 
-/// Renew until `stop` fires (returns `true`) or renewal fails for longer than the renew
-/// deadline or another replica took the Lease (returns `false`: leadership lost).
-pub async fn hold(elector: &mut Elector, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
-    let mut last_ok = Instant::now();
+/// Renew until `stop` fires (returns `true`) or leadership is lost (returns `false`, with the
+/// fence closed): another replica took the Lease, or no renewal succeeded by the fence's
+/// deadline (the renew deadline after the last successful renewal started). A renewal that
+/// hangs is cut off at that deadline, not after the API call timeout: the leader stops acting
+/// before the Lease can expire for the other replicas.
+pub async fn hold(
+    elector: &mut Elector,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    fence: &Fence,
+) -> bool {
+    let renew_deadline = elector.settings().renew_deadline;
     loop {
+        let deadline = fence
+            .deadline()
+            .unwrap_or_else(|| Instant::now() + renew_deadline);
         let wait = elector.settings().retry_period;
+        let wake = (Instant::now() + wait).min(deadline);
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(wake.into()) => {}
             _ = stop.changed() => {}
         }
         if *stop.borrow() {
             return true;
         }
+        let started = Instant::now();
         let attempt = tokio::select! {
-            a = elector.try_acquire_or_renew() => a,
+            a = tokio::time::timeout_at(deadline.into(), elector.try_acquire_or_renew()) => a,
             _ = stop.changed() => return true,
         };
         match attempt {
-            Ok(Attempt::Leading) => last_ok = Instant::now(),
-            Ok(Attempt::Following { holder }) => {
-                tracing::error!(holder = %holder, "another replica took the lease");
+            Ok(Ok(Attempt::Leading)) => fence.open_until(started + renew_deadline),
+            Ok(Ok(Attempt::Following { holder })) => {
+                fence.close();
+                tracing::error!(holder = %holder, "another replica took the lease: stopped acting");
                 return false;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "renewing the lease failed");
-                if last_ok.elapsed() > elector.settings().renew_deadline {
-                    tracing::error!(deadline = ?elector.settings().renew_deadline, "could not renew the lease within the deadline");
+                if Instant::now() >= deadline {
+                    fence.close();
+                    tracing::error!(deadline = ?renew_deadline, "could not renew the lease within the renew deadline: stopped acting");
                     return false;
                 }
+            }
+            Err(_) => {
+                fence.close();
+                tracing::error!(deadline = ?renew_deadline, "the lease renewal did not finish within the renew deadline: stopped acting");
+                return false;
             }
         }
     }

@@ -10,24 +10,20 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject};
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::watcher;
-use primus_crds::annotations::MANAGED_BY;
-use primus_crds::{BenchmarkReport, TrainingPlan};
-use primus_operator::benchmark::{COMPONENT, COMPONENT_LABEL};
+use primus_operator::controller::{self, until_true};
+use primus_operator::drift::UrlRule;
+use primus_operator::fence::{Fence, fenced_client};
 use primus_operator::http::Health;
-use primus_operator::kubeapi::pytorchjob_resource;
 use primus_operator::leader::{self, Elector};
 use primus_operator::metrics::Metrics;
-use primus_operator::{Config, Context, job, reconcile};
+use primus_operator::report_key::{self, ReportKey};
+use primus_operator::{Config, Context};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::Backend;
 use primus_runtime::flags::seconds;
 use primus_runtime::logging::{self, LogFormat};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -92,6 +88,35 @@ struct Args {
     /// node took it) counts as a failed attempt.
     #[arg(long, env = "PRIMUS_BENCH_GRACE_SECONDS", value_name = "SECONDS", default_value = "30", value_parser = seconds)]
     bench_grace_seconds: Duration,
+    /// Images a plan's `spec.benchmark.image` may name besides --bench-image: exact names, or
+    /// prefixes ending in `*` (`registry.example.com/ml/primus:*`); repeat the flag or separate
+    /// them with commas. A plan asking for another image is Stalled (ImageNotAllowed).
+    #[arg(
+        long = "bench-image-allow",
+        env = "PRIMUS_BENCH_IMAGE_ALLOW",
+        value_name = "IMAGE",
+        value_delimiter = ','
+    )]
+    bench_image_allow: Vec<String>,
+    /// Secret (in the lease namespace) holding the key benchmark-report tokens derive from;
+    /// created with a random key when missing.
+    #[arg(
+        long,
+        env = "PRIMUS_REPORT_KEY_SECRET",
+        default_value = "primus-operator-report-key"
+    )]
+    report_key_secret: String,
+    /// Where plans' `spec.drift.prometheus.url` may point: `scheme://host[:port]`, the host
+    /// exact or `*.domain`; without a port only the scheme's default port (repeat the flag, or
+    /// separate entries with commas in the variable). None by default: Prometheus drift
+    /// queries are refused until the operator's administrators list their Prometheus.
+    #[arg(
+        long = "drift-url-allow",
+        env = "PRIMUS_DRIFT_URL_ALLOW",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    drift_url_allow: Vec<UrlRule>,
     /// Extra profiles directory (models/ and hardware/ YAML files).
     #[arg(long, env = "PRIMUS_PROFILES_DIR")]
     profiles_dir: Option<PathBuf>,
@@ -110,16 +135,6 @@ fn default_identity() -> String {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "primus-operator".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// Resolves when `rx` turns true.
-async fn until_true(mut rx: watch::Receiver<bool>) {
-    while !*rx.borrow() {
-        if rx.changed().await.is_err() {
-            // The sender is gone: nobody can stop us any more, so wait forever.
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 fn main() -> ExitCode {
@@ -147,11 +162,80 @@ fn main() -> ExitCode {
     code
 }
 
+/// Start up, lead (when elected), run the controller until a signal or lost leadership, step
+/// down.
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
     primus_runtime::tls::install_ring_provider();
-    let shutdown_timeout = args.shutdown_timeout_seconds;
+    let stop = signals();
+    let catalog = catalog(&args)?;
+    let metrics = Metrics::new();
+    let health = Arc::new(Health::default());
+    let (bound, http_task) = primus_operator::http::serve(
+        args.metrics_addr,
+        metrics.clone(),
+        health.clone(),
+        until_true(stop.clone()),
+    )
+    .await
+    .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
+    info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+    let Some((client, kube_config)) = connect(&stop).await? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    health.set_ready(true);
 
-    // SIGTERM / SIGINT -> stop.
+    // The controller writes through the fence: only while this replica surely holds the
+    // Lease (always, without leader election). The elector writes the Lease with its own client.
+    let fence = if args.leader_elect {
+        Fence::closed()
+    } else {
+        Fence::always()
+    };
+    let acting = fenced_client(kube_config, fence.clone()).context("the controller's client")?;
+    let Some(report_key) = report_key(&args, &client, &stop).await else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let ctx = Arc::new(Context::new(
+        acting.clone(),
+        config(&args, report_key),
+        metrics.clone(),
+        catalog,
+        Some(identity.clone()),
+    ));
+    let (halt_tx, halt_rx) = watch::channel(false);
+    let elected = Elected {
+        client: &client,
+        identity: &identity,
+        stop: &stop,
+        halt: &halt_tx,
+        metrics: &metrics,
+        fence: &fence,
+    };
+    let holder = match lead(&args, elected).await {
+        Lead::Leading(holder) => holder,
+        Lead::Stopped => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    // Stop the controller on SIGTERM as well.
+    tokio::spawn(async move {
+        until_true(stop).await;
+        let _ = halt_tx.send(true);
+    });
+    let c = controller::build(&acting, args.namespace.as_deref(), &ctx, args.concurrency).await;
+    controller::run(c, ctx.clone(), halt_rx, args.shutdown_timeout_seconds).await;
+    metrics.leader.set(0);
+    health.set_ready(false);
+    let code = step_down(holder).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
+    info!("stopped");
+    Ok(code)
+}
+
+/// SIGTERM / SIGINT -> true.
+fn signals() -> watch::Receiver<bool> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         let term = async {
@@ -168,50 +252,50 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let _ = stop_tx.send(true);
     });
+    stop_rx
+}
 
+fn catalog(args: &Args) -> anyhow::Result<Catalog> {
     let mut catalog = Catalog::builtin().context("built-in profiles")?;
     if let Some(dir) = &args.profiles_dir {
         catalog.load_dir(dir).context("--profiles-dir")?;
     }
-    let metrics = Metrics::new();
-    let health = Arc::new(Health::default());
-    let (bound, http_task) = primus_operator::http::serve(
-        args.metrics_addr,
-        metrics.clone(),
-        health.clone(),
-        until_true(stop_rx.clone()),
-    )
-    .await
-    .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
-    info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+    Ok(catalog)
+}
 
-    let client = tokio::select! {
-        c = kube::Client::try_default() => c.context("Kubernetes client configuration")?,
-        _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+/// A client and its configuration, once the API server answers (`None`: stopped first; waits
+/// are bounded by the stop signal, not by a count).
+async fn connect(
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Option<(kube::Client, kube::Config)>> {
+    let config = tokio::select! {
+        c = kube::Config::infer() => c.context("Kubernetes client configuration")?,
+        _ = until_true(stop.clone()) => return Ok(None),
     };
-    // Wait for the API server (bounded by the stop signal, not by a count).
+    let client = kube::Client::try_from(config.clone()).context("Kubernetes client")?;
     loop {
         let probe = tokio::time::timeout(Duration::from_secs(5), client.apiserver_version());
         tokio::select! {
             r = probe => match r {
                 Ok(Ok(v)) => {
                     info!(server = %v.git_version, "connected to the API server");
-                    break;
+                    return Ok(Some((client, config)));
                 }
                 Ok(Err(e)) => warn!(error = %e, "API server not reachable yet"),
                 Err(_) => warn!("API server did not answer within 5s"),
             },
-            _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+            _ = until_true(stop.clone()) => return Ok(None),
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = until_true(stop_rx.clone()) => return Ok(ExitCode::SUCCESS),
+            _ = until_true(stop.clone()) => return Ok(None),
         }
     }
-    health.set_ready(true);
+}
 
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
-    let config = Config {
+/// The operator's configuration from its flags and its report key.
+fn config(args: &Args, report_key: ReportKey) -> Config {
+    Config {
         bench_image: args
             .bench_image
             .clone()
@@ -225,168 +309,124 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         resync: args.resync_seconds.max(Duration::from_secs(1)),
         drift_interval: args.drift_interval_seconds.max(Duration::from_secs(1)),
         bench_grace: args.bench_grace_seconds,
-    };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        config,
-        metrics.clone(),
-        catalog,
-        Some(identity.clone()),
-    ));
-
-    // Leader election: only the leader runs the controller.
-    let (halt_tx, halt_rx) = watch::channel(false);
-    let mut holder = None;
-    if args.leader_elect {
-        let lease_namespace = args
-            .lease_namespace
-            .clone()
-            .or_else(|| args.namespace.clone())
-            .unwrap_or_else(|| "default".into());
-        let settings = leader::Settings {
-            lease_name: args.lease_name.clone(),
-            namespace: lease_namespace,
-            identity: identity.clone(),
-            lease_duration: args.lease_duration_seconds,
-            renew_deadline: args.renew_deadline_seconds,
-            retry_period: args.retry_period_seconds,
-        };
-        let mut e = Elector::new(client.clone(), settings);
-        let mut stop = stop_rx.clone();
-        info!(identity = %identity, lease = %args.lease_name, "waiting to lead");
-        if leader::acquire(&mut e, &mut stop).await.is_none() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
-            return Ok(ExitCode::SUCCESS);
-        }
-        metrics.leader.set(1);
-        info!(identity = %identity, "leading");
-        let halt = halt_tx.clone();
-        let mut stop = stop_rx.clone();
-        holder = Some(tokio::spawn(async move {
-            let clean = leader::hold(&mut e, &mut stop).await;
-            if !clean {
-                let _ = halt.send(true);
-            }
-            (clean, e)
-        }));
-    } else {
-        metrics.leader.set(1);
+        drift_urls: args.drift_url_allow.clone(),
+        bench_images: args.bench_image_allow.clone(),
+        report_key,
     }
-    // Stop the controller on SIGTERM as well.
-    {
-        let halt = halt_tx.clone();
-        let stop = stop_rx.clone();
-        tokio::spawn(async move {
-            until_true(stop).await;
-            let _ = halt.send(true);
-        });
-    }
-
-    let controller =
-        build_controller(&client, args.namespace.as_deref(), &ctx, args.concurrency).await;
-    let forget = ctx.clone();
-    let run = controller
-        .graceful_shutdown_on(until_true(halt_rx.clone()))
-        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
-        .for_each(move |r| {
-            let ctx = forget.clone();
-            async move {
-                match r {
-                    Ok((o, _)) => tracing::debug!(plan = %o, "reconciled"),
-                    Err(controller::Error::ObjectNotFound(o)) => {
-                        ctx.metrics
-                            .forget_plan(o.namespace.as_deref().unwrap_or_default(), &o.name);
-                    }
-                    Err(controller::Error::ReconcilerFailed(..)) => {}
-                    Err(e) => warn!(error = %e, "controller"),
-                }
-            }
-        });
-    let mut run = tokio::spawn(run);
-    tokio::select! {
-        _ = &mut run => warn!("the controller stopped"),
-        _ = until_true(halt_rx.clone()) => {
-            // Let running passes finish (bounded); do not wait for watches that cannot end
-            // (an unreachable API server keeps the controller's initial list pending).
-            let deadline = tokio::time::Instant::now() + shutdown_timeout;
-            loop {
-                if run.is_finished() || ctx.in_flight() == 0 {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    warn!(timeout = ?shutdown_timeout, in_flight = ctx.in_flight(), "reconciles did not finish in time; exiting anyway");
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(200), &mut run).await;
-            run.abort();
-        }
-    }
-    metrics.leader.set(0);
-    health.set_ready(false);
-
-    let mut code = ExitCode::SUCCESS;
-    if let Some(h) = holder {
-        match tokio::time::timeout(Duration::from_secs(1), h).await {
-            Ok(Ok((true, mut e))) => {
-                if let Err(err) = e.release().await {
-                    warn!(error = %err, "could not release the lease (it expires by itself)");
-                }
-            }
-            Ok(Ok((false, _))) => {
-                error!("lost leadership; exiting so that a fresh process stands for election");
-                code = ExitCode::FAILURE;
-            }
-            _ => warn!("the lease holder did not stop in time"),
-        }
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(1), http_task).await;
-    info!("stopped");
-    Ok(code)
 }
 
-async fn build_controller(
+/// The report key from its Secret (made when missing), retried until it is there or the
+/// process stops (`None`).
+async fn report_key(
+    args: &Args,
     client: &kube::Client,
-    namespace: Option<&str>,
-    ctx: &Arc<Context>,
-    concurrency: u16,
-) -> Controller<TrainingPlan> {
-    fn api<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
-        <K as kube::Resource>::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
+    stop: &watch::Receiver<bool>,
+) -> Option<ReportKey> {
+    let ns = lease_namespace(args);
+    loop {
+        match report_key::load_or_create(client, &ns, &args.report_key_secret).await {
+            Ok(k) => return Some(k),
+            Err(e) => warn!(error = %e, "cannot read or create the report key yet; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = until_true(stop.clone()) => return None,
         }
     }
-    let plans: Api<TrainingPlan> = api(client, namespace);
-    let pods: Api<Pod> = api(client, namespace);
-    let reports: Api<BenchmarkReport> = api(client, namespace);
-    let pod_selector = format!(
-        "{COMPONENT_LABEL}={COMPONENT},{MANAGED_BY}={}",
-        primus_operator::CONTROLLER
-    );
-    let mut c = Controller::new(plans, watcher::Config::default().any_semantic())
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .owns(pods, watcher::Config::default().labels(&pod_selector))
-        .owns(reports, watcher::Config::default());
-    // Watch PyTorchJobs even when the CRD is missing at start: the watch backs off and
-    // recovers once it is installed (plans say it is missing meanwhile).
-    match job::crd_present(ctx).await {
-        Ok(true) => {}
-        Ok(false) => {
-            warn!("the PyTorchJob CRD (kubeflow.org/v1) is not installed; plans will say so")
-        }
-        Err(e) => warn!(error = %e, "could not discover the PyTorchJob CRD"),
+}
+
+/// How leader election ended.
+enum Lead {
+    /// This replica acts; the task holding the Lease, when elected (its result: whether it
+    /// stopped cleanly, and the elector to release the Lease with).
+    Leading(Option<JoinHandle<(bool, Elector)>>),
+    /// Stopped before leading.
+    Stopped,
+}
+
+/// What leader election works with.
+struct Elected<'a> {
+    /// The elector's own client (its Lease writes are not fenced).
+    client: &'a kube::Client,
+    identity: &'a str,
+    stop: &'a watch::Receiver<bool>,
+    halt: &'a watch::Sender<bool>,
+    metrics: &'a Metrics,
+    fence: &'a Fence,
+}
+
+/// Wait to lead (or lead at once without leader election); the holder closes the fence, sets
+/// the leader gauge to 0 and sends `halt` when the Lease is lost.
+async fn lead(args: &Args, x: Elected<'_>) -> Lead {
+    let Elected {
+        client,
+        identity,
+        stop,
+        halt,
+        metrics,
+        fence,
+    } = x;
+    if !args.leader_elect {
+        metrics.leader.set(1);
+        return Lead::Leading(None);
     }
-    let ar = pytorchjob_resource();
-    let jobs: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
+    let settings = leader::Settings {
+        lease_name: args.lease_name.clone(),
+        namespace: lease_namespace(args),
+        identity: identity.to_string(),
+        lease_duration: args.lease_duration_seconds,
+        renew_deadline: args.renew_deadline_seconds,
+        retry_period: args.retry_period_seconds,
     };
-    c = c.owns_with(jobs, ar, watcher::Config::default());
-    c
+    let mut e = Elector::new(client.clone(), settings);
+    let mut s = stop.clone();
+    info!(identity = %identity, lease = %args.lease_name, "waiting to lead");
+    if leader::acquire(&mut e, &mut s, fence).await.is_none() {
+        return Lead::Stopped;
+    }
+    metrics.leader.set(1);
+    info!(identity = %identity, "leading");
+    let halt = halt.clone();
+    let mut s = stop.clone();
+    let (fence, metrics) = (fence.clone(), metrics.clone());
+    Lead::Leading(Some(tokio::spawn(async move {
+        let clean = leader::hold(&mut e, &mut s, &fence).await;
+        if !clean {
+            metrics.leader.set(0);
+            let _ = halt.send(true);
+        }
+        (clean, e)
+    })))
+}
+
+/// The Lease's namespace: --lease-namespace (POD_NAMESPACE), else --namespace, else `default`.
+fn lease_namespace(args: &Args) -> String {
+    args.lease_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| "default".into())
+}
+
+/// Release the Lease after a clean stop; exit non-zero after losing it (a fresh process then
+/// stands for election).
+async fn step_down(holder: Option<JoinHandle<(bool, Elector)>>) -> ExitCode {
+    let Some(h) = holder else {
+        return ExitCode::SUCCESS;
+    };
+    match tokio::time::timeout(Duration::from_secs(1), h).await {
+        Ok(Ok((true, mut e))) => {
+            if let Err(err) = e.release().await {
+                warn!(error = %err, "could not release the lease (it expires by itself)");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Ok((false, _))) => {
+            error!("lost leadership; exiting so that a fresh process stands for election");
+            ExitCode::FAILURE
+        }
+        _ => {
+            warn!("the lease holder did not stop in time");
+            ExitCode::SUCCESS
+        }
+    }
 }

@@ -15,8 +15,10 @@
 //! - `primus_benchmark_pods_created_total`, `primus_jobs_created_total`: actions taken;
 //! - `primus_operator_leader`: 1 on the replica holding the lease.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
@@ -158,18 +160,40 @@ impl Metrics {
         }
     }
 
-    /// Drop every series of a deleted plan.
-    pub fn forget_plan(&self, namespace: &str, plan: &str) {
-        for g in [
+    fn plan_gauges(&self) -> [&GaugeVec; 6] {
+        [
             &self.projected,
             &self.measured,
             &self.drift,
             &self.drift_tolerance,
             &self.stalled,
             &self.ready,
-        ] {
+        ]
+    }
+
+    /// Drop every series of a deleted plan.
+    pub fn forget_plan(&self, namespace: &str, plan: &str) {
+        for g in self.plan_gauges() {
             let _ = g.remove_label_values(&[namespace, plan]);
         }
+    }
+
+    /// The (namespace, plan) of every per-plan series.
+    pub fn plans(&self) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for family in self.plan_gauges().iter().flat_map(|g| g.collect()) {
+            for m in family.get_metric() {
+                let label = |k: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == k)
+                        .map(|l| l.value().to_string())
+                        .unwrap_or_default()
+                };
+                out.insert((label("namespace"), label("plan")));
+            }
+        }
+        out
     }
 
     /// The text exposition of every metric.
@@ -211,7 +235,17 @@ mod tests {
         );
         assert!(text.contains(r#"primus_reconcile_errors_total{reason="timeout"} 1"#));
         assert!(text.contains("primus_reconcile_duration_seconds_bucket"));
+        Metrics::set_plan(&m.stalled, "ns", "q", Some(1.0));
+        let both: Vec<_> = m.plans().into_iter().collect();
+        assert_eq!(
+            both,
+            [
+                ("ns".to_string(), "p".to_string()),
+                ("ns".into(), "q".into())
+            ]
+        );
         m.forget_plan("ns", "p");
         assert!(!m.render().contains(r#"plan="p""#));
+        assert_eq!(m.plans().len(), 1);
     }
 }

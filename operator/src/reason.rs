@@ -37,6 +37,12 @@ pub enum Reason {
     Disabled,
     /// A later step waits for the benchmark.
     WaitingForBenchmark,
+    /// The report's measurements were beyond their band and clamped.
+    RatiosClamped,
+    /// `spec.benchmark.image` is not in the operator's allow-list.
+    ImageNotAllowed,
+    /// A report named for the plan was not believed (Event).
+    ReportIgnored,
     // Projected and Tuned.
     Projected,
     Tuned,
@@ -61,6 +67,8 @@ pub enum Reason {
     OutsideTolerance,
     NoMeasurement,
     QueryFailed,
+    /// `spec.drift.prometheus.url` is not in the operator's allow-list.
+    UrlNotAllowed,
     // Ready, Reconciling, Stalled.
     Ready,
     Progressing,
@@ -71,6 +79,10 @@ pub enum Reason {
     /// Reconciling's reason while the job is being replaced.
     ReplacingJob,
     InvalidSpec,
+    // Writes the API server refused (Benchmarked, JobCreated, and Ready/Stalled for the status).
+    BenchmarkPodRefused,
+    JobRefused,
+    StatusWriteRefused,
     // Events of actions taken.
     BenchmarkStarted,
     JobCreated,
@@ -87,6 +99,9 @@ impl Reason {
             Reason::BenchmarkFailed => "BenchmarkFailed",
             Reason::Disabled => "Disabled",
             Reason::WaitingForBenchmark => "WaitingForBenchmark",
+            Reason::RatiosClamped => "RatiosClamped",
+            Reason::ImageNotAllowed => "ImageNotAllowed",
+            Reason::ReportIgnored => "ReportIgnored",
             Reason::Projected => "Projected",
             Reason::Tuned => "Tuned",
             Reason::LayoutGiven => "LayoutGiven",
@@ -104,12 +119,16 @@ impl Reason {
             Reason::OutsideTolerance => "OutsideTolerance",
             Reason::NoMeasurement => "NoMeasurement",
             Reason::QueryFailed => "QueryFailed",
+            Reason::UrlNotAllowed => "URLNotAllowed",
             Reason::Ready => "Ready",
             Reason::Progressing => "Progressing",
             Reason::Tuning => "Tuning",
             Reason::Reconciling => "Reconciling",
             Reason::ReplacingJob => "ReplacingJob",
             Reason::InvalidSpec => "InvalidSpec",
+            Reason::BenchmarkPodRefused => "BenchmarkPodRefused",
+            Reason::JobRefused => "JobRefused",
+            Reason::StatusWriteRefused => "StatusWriteRefused",
             Reason::BenchmarkStarted => "BenchmarkStarted",
             Reason::JobCreated => "JobCreated",
             Reason::JobReplaced => "JobReplaced",
@@ -126,7 +145,14 @@ impl Reason {
             | Reason::JobNameTaken
             | Reason::OutsideTolerance
             | Reason::QueryFailed
+            | Reason::UrlNotAllowed
+            | Reason::RatiosClamped
+            | Reason::ImageNotAllowed
+            | Reason::ReportIgnored
             | Reason::InvalidSpec
+            | Reason::BenchmarkPodRefused
+            | Reason::JobRefused
+            | Reason::StatusWriteRefused
             | Reason::Tuning => Severity::Warning,
             _ => Severity::Normal,
         }
@@ -135,7 +161,11 @@ impl Reason {
     /// What a stalled plan waits for.
     pub fn waiting_for(self) -> &'static str {
         match self {
-            Reason::PyTorchJobCrdMissing | Reason::JobNameTaken => "waiting for an outside change",
+            Reason::PyTorchJobCrdMissing
+            | Reason::JobNameTaken
+            | Reason::BenchmarkPodRefused
+            | Reason::JobRefused
+            | Reason::StatusWriteRefused => "waiting for an outside change",
             _ => "waiting for a spec change",
         }
     }

@@ -8,57 +8,106 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Event;
 use primus_crds::{JobStatus, LayoutSummary, TrainingPlan, TrainingPlanStatus};
+use primus_oracle::calibrate::Calibration;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::BenchmarkResults;
 use tracing::{info, warn};
 
 use crate::benchmark::{self, Settings};
 use crate::choose::{self, Choice, ChooseError, DEFAULT_DRIFT_TOLERANCE};
-use crate::conditions::{self, READY, STALLED, Verdicts};
+use crate::conditions::{self, BENCHMARKED, JOB_CREATED, READY, STALLED, Verdicts};
 use crate::context::Context;
 use crate::decide::{self, Halt, Next, Notice, Report, Requeue, Step};
+use crate::decoded::{PlanObject, Undecodable};
 use crate::drift;
 use crate::error::Error;
 use crate::job;
 use crate::metrics::Metrics;
+use crate::reason::Reason;
 use crate::status;
 
 /// How long a search may run before the status says `Tuning`.
 const TUNING_NOTICE: Duration = Duration::from_secs(2);
 
-/// Reconcile one plan (the controller's reconciler).
-pub async fn reconcile(obj: Arc<TrainingPlan>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconcile one plan (the controller's reconciler): a pass over a plan the types read, or
+/// `Stalled` naming the field of one they cannot.
+pub async fn reconcile(obj: Arc<PlanObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _running = ctx.enter();
     let start = Instant::now();
-    let key = key(&obj);
-    let result = Pass::new(&obj, &ctx).run().await;
-    ctx.metrics
-        .observe(start.elapsed(), result.as_ref().err().map(Error::reason));
-    if result.is_ok() {
+    let key = key(&obj.metadata);
+    let result = match &obj.object {
+        Ok(plan) => Pass::new(plan, &ctx).run().await,
+        Err(bad) => undecodable(&obj, bad, &ctx).await.map(|a| (a, false)),
+    };
+    let refused = matches!(result, Ok((_, true)));
+    let reason = match &result {
+        Err(e) => Some(e.reason()),
+        Ok((_, true)) => Some("refused"),
+        Ok(_) => None,
+    };
+    ctx.metrics.observe(start.elapsed(), reason);
+    if result.is_ok() && !refused {
         ctx.succeeded(&key);
     }
-    result
+    result.map(|(action, _)| action)
 }
 
 /// Requeue after a failed pass, with per-plan exponential backoff.
-pub fn error_policy(obj: Arc<TrainingPlan>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = key(&obj);
+pub fn error_policy(obj: Arc<PlanObject>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = key(&obj.metadata);
     let wait = ctx.failed(&key);
     warn!(plan = %key, error = %err, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }
 
-fn key(obj: &TrainingPlan) -> String {
+/// `namespace/name` of a plan: its key in the backoff map and in logs.
+pub fn key(meta: &ObjectMeta) -> String {
     format!(
         "{}/{}",
-        obj.metadata.namespace.as_deref().unwrap_or_default(),
-        obj.metadata.name.as_deref().unwrap_or_default()
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
     )
+}
+
+/// A plan the types cannot read (the CRD accepted it, Rust does not): `Stalled` with reason
+/// `InvalidSpec` naming the field, written through the dynamic API, until the plan changes.
+/// The status beside it is read as far as it goes, so an unchanged verdict writes nothing.
+async fn undecodable(obj: &PlanObject, bad: &Undecodable, ctx: &Context) -> Result<Action, Error> {
+    let meta = &obj.metadata;
+    if meta.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let (ns, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    warn!(plan = %key(meta), error = %bad.error, "the plan does not decode");
+    let previous = bad.status();
+    let halt = decide::invalid(&bad.error);
+    let draft = TrainingPlanStatus {
+        observed_generation: meta.generation,
+        phase: Some(halt.phase),
+        ..TrainingPlanStatus::default()
+    };
+    let status = status::assemble(&previous, draft, &halt.conditions, Timestamp::now());
+    let wrote = status::patch_conditions(&ctx.client, (ns, name), &previous, &status).await?;
+    let m = &ctx.metrics;
+    Metrics::set_plan(&m.stalled, ns, name, Some(1.0));
+    Metrics::set_plan(&m.ready, ns, name, Some(0.0));
+    if wrote {
+        let reference = obj.object_ref(&());
+        for n in decide::flip_notices(&previous.conditions, &status.conditions, &halt.conditions) {
+            publish(ctx, &reference, n).await;
+        }
+    }
+    Ok(Action::await_change())
 }
 
 /// The state of one pass: what the server has, and what the pass decided so far.
@@ -93,9 +142,10 @@ impl<'a> Pass<'a> {
         }
     }
 
-    async fn run(mut self) -> Result<Action, Error> {
+    /// The pass; with the action, whether a write was refused (the backoff then stays).
+    async fn run(mut self) -> Result<(Action, bool), Error> {
         if self.obj.metadata.deletion_timestamp.is_some() {
-            return Ok(Action::await_change());
+            return Ok((Action::await_change(), false));
         }
         let plan = match choose::validate(&self.obj.spec, &self.name, &self.ctx.catalog) {
             Ok(p) => p,
@@ -126,20 +176,55 @@ impl<'a> Pass<'a> {
         let (ctx, obj) = (self.ctx, self.obj);
         let backend = choose::bench_backend(&obj.spec, plan, ctx.config.bench_backend);
         let settings = Settings::of(&spec, backend, &ctx.config);
-        let seen = benchmark::observe(&ctx.client, obj, plan, &settings).await?;
+        if !benchmark::image_allowed(&settings.image, &ctx.config) {
+            let allowed = benchmark::allowed_images(&ctx.config);
+            return Ok(self
+                .take(decide::image_not_allowed(&settings.image, &allowed))
+                .await);
+        }
+        let report_key = &ctx.config.report_key;
+        let seen = benchmark::observe(&ctx.client, obj, plan, &settings, report_key).await?;
+        if let Some((name, why)) = seen.ignored.iter().find(|(n, _)| *n == seen.report) {
+            let note = format!("BenchmarkReport {name} is ignored: {why}");
+            warn!(plan = %key(&obj.metadata), "{note}");
+            let reason = Reason::ReportIgnored;
+            let action = "VerifyReport".into();
+            self.publish(Notice {
+                reason,
+                action,
+                note,
+            })
+            .await;
+        }
         let previous = self.previous.benchmark.as_ref();
         let grace = ctx.config.bench_grace;
         let d = benchmark::decide(&seen, plan, &settings, grace, previous, Timestamp::now());
-        let outcome = benchmark::apply(&ctx.client, &ctx.config, obj, plan, &settings, d).await?;
+        let outcome =
+            match benchmark::apply(&ctx.client, &ctx.config, obj, plan, &settings, d).await {
+                Ok(o) => o,
+                Err(e) => {
+                    return self
+                        .refused(e, BENCHMARKED, Reason::BenchmarkPodRefused)
+                        .await;
+                }
+            };
         self.draft.benchmark = Some(benchmark::status_of(&outcome));
         if let benchmark::Outcome::Waiting {
             created: Some(pod), ..
         } = &outcome
         {
             ctx.metrics.benchmark_pods_created.inc();
-            info!(plan = %key(obj), pod = %pod, "benchmark pod created");
+            info!(plan = %key(&obj.metadata), pod = %pod, "benchmark pod created");
         }
-        Ok(self.take(decide::benchmarked(Some(outcome))).await)
+        let next = self.take(decide::benchmarked(Some(outcome))).await;
+        if let Next::Go(Some(r)) = &next
+            && let Ok(c) = Calibration::new(&plan.scenario, &r.results)
+            && let Some(v) = decide::clamped(&r.name, c.clamped())
+        {
+            warn!(plan = %key(&obj.metadata), report = %r.name, "measurements clamped");
+            self.verdicts.extend(v);
+        }
+        Ok(next)
     }
 
     /// Project and tune: the status's choice for this generation and report, else a search.
@@ -198,10 +283,13 @@ impl<'a> Pass<'a> {
         };
         let seen = job::observe(ctx, obj).await?;
         let d = job::decide(obj, &seen, desired, &chosen.layout);
-        let outcome = job::apply(ctx, obj, d).await?;
+        let outcome = match job::apply(ctx, obj, d).await {
+            Ok(o) => o,
+            Err(e) => return self.refused(e, JOB_CREATED, Reason::JobRefused).await,
+        };
         self.job = outcome.status();
         if let job::Outcome::Created { name, .. } = &outcome {
-            info!(plan = %key(obj), job = %name, layout = %chosen.label, "PyTorchJob created");
+            info!(plan = %key(&obj.metadata), job = %name, layout = %chosen.label, "PyTorchJob created");
         }
         Ok(self.take(decide::job(&outcome, chosen)).await)
     }
@@ -209,10 +297,11 @@ impl<'a> Pass<'a> {
     /// Drift: measure (the plan's Prometheus query, else `status.measured`), compare, export.
     async fn drift(&mut self, projected: f64) {
         let spec = self.obj.spec.drift.clone().unwrap_or_default();
-        let measured = drift::measure(&self.ctx.http, &spec, self.previous.measured.as_ref());
-        let measured = match measured.await {
+        let rules = &self.ctx.config.drift_urls;
+        let recorded = self.previous.measured.as_ref();
+        let measured = match drift::measure(&self.ctx.http, rules, &spec, recorded).await {
             Ok(m) => m,
-            Err(e) => return self.verdicts.extend(decide::drift_unknown(&e.to_string())),
+            Err(e) => return self.verdicts.extend(decide::drift_unknown(&e)),
         };
         let tolerance = spec.tolerance.unwrap_or(DEFAULT_DRIFT_TOLERANCE);
         let plan = (self.ns.as_str(), self.name.as_str());
@@ -230,6 +319,21 @@ impl<'a> Pass<'a> {
         self.draft.drift = compared.map(|c| c.1);
     }
 
+    /// A step's write failed: refused by the API server, the step's condition quotes its
+    /// answer and the pass ends Stalled (with backoff); else the error goes to the error policy.
+    async fn refused<T>(
+        &mut self,
+        e: Error,
+        step: &'static str,
+        reason: Reason,
+    ) -> Result<Next<T>, Error> {
+        let Some(r) = e.refusal() else {
+            return Err(e);
+        };
+        warn!(plan = %key(&self.obj.metadata), refusal = %r, "a write was refused");
+        Ok(self.take(decide::refused(step, reason, &r)).await)
+    }
+
     /// Keep a step's conditions, announce its action, and hand on where the pass goes.
     async fn take<T>(&mut self, step: Step<T>) -> Next<T> {
         self.verdicts.extend(step.conditions);
@@ -241,7 +345,7 @@ impl<'a> Pass<'a> {
 
     /// End the pass: the halt's conditions and phase, the job as the pass leaves it, the
     /// status written once, and when to look again.
-    async fn halt(mut self, h: Halt) -> Result<Action, Error> {
+    async fn halt(mut self, h: Halt) -> Result<(Action, bool), Error> {
         let requeue = h.requeue;
         self.settle(h);
         self.finish().await?;
@@ -253,10 +357,16 @@ impl<'a> Pass<'a> {
             .and_then(|d| d.prometheus.as_ref());
         let config = &self.ctx.config;
         Ok(match requeue {
-            Requeue::OnChange => Action::await_change(),
-            Requeue::After(d) => Action::requeue(d),
-            Requeue::Resync if prometheus.is_some() => Action::requeue(config.drift_interval),
-            Requeue::Resync => Action::requeue(config.resync),
+            Requeue::OnChange => (Action::await_change(), false),
+            Requeue::After(d) => (Action::requeue(d), false),
+            Requeue::Resync if prometheus.is_some() => {
+                (Action::requeue(config.drift_interval), false)
+            }
+            Requeue::Resync => (Action::requeue(config.resync), false),
+            Requeue::Backoff => {
+                let wait = self.ctx.failed(&key(&self.obj.metadata));
+                (Action::requeue(wait), true)
+            }
         })
     }
 
@@ -280,11 +390,15 @@ impl<'a> Pass<'a> {
     async fn finish(&mut self) -> Result<(), Error> {
         let draft = self.draft.clone();
         let status = status::assemble(&self.previous, draft, &self.verdicts, Timestamp::now());
-        let wrote = status::apply(&self.ctx.client, self.obj, &self.previous, &status).await?;
+        let at = (self.ns.as_str(), self.name.as_str());
+        let wrote = match status::apply(&self.ctx.client, at, &self.previous, &status).await {
+            Ok(w) => w,
+            Err(e) => return Err(self.status_refused(e).await),
+        };
         if wrote {
             let ready = conditions::find(&status.conditions, READY);
             info!(
-                plan = %key(self.obj),
+                plan = %key(&self.obj.metadata),
                 generation = ?status.observed_generation,
                 phase = status.phase.map(|p| p.as_str()).unwrap_or_default(),
                 reason = ready.map(|c| c.reason.as_str()).unwrap_or_default(),
@@ -308,21 +422,61 @@ impl<'a> Pass<'a> {
         Ok(())
     }
 
+    /// The status write failed. When the API server refused it, say so with its answer through
+    /// the narrower write of phase and conditions (best effort: it may be refused too); the
+    /// error goes on to the error policy either way.
+    async fn status_refused(&mut self, e: Error) -> Error {
+        let Some(r) = e.refusal() else {
+            return e;
+        };
+        warn!(plan = %key(&self.obj.metadata), refusal = %r, "the status write was refused");
+        let verdicts = decide::status_refused(&r);
+        let draft = TrainingPlanStatus {
+            observed_generation: self.obj.metadata.generation,
+            phase: Some(primus_crds::Phase::Stalled),
+            ..TrainingPlanStatus::default()
+        };
+        let status = status::assemble(&self.previous, draft, &verdicts, Timestamp::now());
+        let at = (self.ns.as_str(), self.name.as_str());
+        match status::patch_conditions(&self.ctx.client, at, &self.previous, &status).await {
+            Ok(true) => {
+                let before = &self.previous.conditions;
+                for n in decide::flip_notices(before, &status.conditions, &verdicts) {
+                    self.publish(n).await;
+                }
+            }
+            Ok(false) => {}
+            Err(e2) => {
+                warn!(plan = %key(&self.obj.metadata), error = %e2, "could not say so either")
+            }
+        }
+        e
+    }
+
     /// Publish an Event on the plan (best effort).
     async fn publish(&self, n: Notice) {
-        let ev = Event {
-            type_: n.reason.severity().event_type(),
-            reason: n.reason.as_str().chars().take(128).collect(),
-            note: Some(n.note.chars().take(1000).collect()),
-            action: n.action.chars().take(128).collect(),
-            secondary: None,
-        };
-        let reference = self.obj.object_ref(&());
-        let publish = self.ctx.recorder.publish(&ev, &reference);
-        match tokio::time::timeout(crate::kubeapi::CALL_TIMEOUT, publish).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(plan = %key(self.obj), error = %e, "publishing an event failed"),
-            Err(_) => warn!(plan = %key(self.obj), "publishing an event timed out"),
-        }
+        publish(self.ctx, &self.obj.object_ref(&()), n).await;
+    }
+}
+
+/// Publish an Event on the plan `reference` names (best effort).
+async fn publish(ctx: &Context, reference: &ObjectReference, n: Notice) {
+    let ev = Event {
+        type_: n.reason.severity().event_type(),
+        reason: n.reason.as_str().chars().take(128).collect(),
+        note: Some(n.note.chars().take(1000).collect()),
+        action: n.action.chars().take(128).collect(),
+        secondary: None,
+    };
+    let plan = format!(
+        "{}/{}",
+        reference.namespace.as_deref().unwrap_or_default(),
+        reference.name.as_deref().unwrap_or_default()
+    );
+    let publish = ctx.recorder.publish(&ev, reference);
+    match tokio::time::timeout(crate::kubeapi::CALL_TIMEOUT, publish).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(plan = %plan, error = %e, "publishing an event failed"),
+        Err(_) => warn!(plan = %plan, "publishing an event timed out"),
     }
 }

@@ -4,13 +4,13 @@
 //! that reaches the same verdicts makes no write at all.
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use primus_crds::TrainingPlanStatus;
 use primus_crds::annotations::OPERATOR_MANAGER;
-use primus_crds::{TrainingPlan, TrainingPlanStatus};
 
 use crate::conditions::Verdicts;
 use crate::error::Error;
-use crate::kubeapi::call;
+use crate::kubeapi::{call, plan_resource};
 
 /// The status the operator owns, from a previous status: `measured` removed.
 pub fn owned_part(s: &TrainingPlanStatus) -> TrainingPlanStatus {
@@ -61,27 +61,90 @@ pub fn strip_nulls(v: &mut serde_json::Value) {
     }
 }
 
-/// Apply `status` unless it equals `current` (what the server has); returns whether it wrote.
+/// Apply `status` to plan `ns/name` unless it equals `current` (what the server has); returns
+/// whether it wrote. The call goes through the dynamic API: its answer is not decoded, so the
+/// status of a plan whose spec the types cannot read is written too.
 pub async fn apply(
     client: &kube::Client,
-    plan: &TrainingPlan,
+    (ns, name): (&str, &str),
     current: &TrainingPlanStatus,
     status: &TrainingPlanStatus,
 ) -> Result<bool, Error> {
     if owned_part(current) == owned_part(status) {
         return Ok(false);
     }
-    let ns = plan.metadata.namespace.clone().unwrap_or_default();
-    let name = plan.metadata.name.clone().unwrap_or_default();
-    let api: Api<TrainingPlan> = Api::namespaced(client.clone(), &ns);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &plan_resource());
     let body = apply_body(status)?;
+    // Fields the new status drops are deleted first, by a merge patch of nulls: an apply that
+    // merely omits an object field it owned leaves a husk of nulls behind on some API servers
+    // (1.20), which the schema then refuses, and the whole write fails.
+    let dropped = dropped_fields(&apply_body(current)?, &body);
+    if !dropped.is_empty() {
+        let nulls: serde_json::Map<String, serde_json::Value> = dropped
+            .iter()
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let patch = serde_json::json!({"status": nulls});
+        let pp = PatchParams {
+            field_manager: Some(OPERATOR_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        call(
+            format!(
+                "remove status.{} of trainingplan {ns}/{name}",
+                dropped.join(", status.")
+            ),
+            api.patch_status(name, &pp, &Patch::Merge(&patch)),
+        )
+        .await?;
+    }
     call(
         format!("apply status of trainingplan {ns}/{name}"),
         api.patch_status(
-            &name,
+            name,
             &PatchParams::apply(OPERATOR_MANAGER).force(),
             &Patch::Apply(&body),
         ),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Top-level status fields `before` has and `after` does not.
+pub fn dropped_fields(before: &serde_json::Value, after: &serde_json::Value) -> Vec<String> {
+    let (Some(b), Some(a)) = (before["status"].as_object(), after["status"].as_object()) else {
+        return Vec::new();
+    };
+    b.keys().filter(|k| !a.contains_key(*k)).cloned().collect()
+}
+
+/// Write only `observedGeneration`, `phase` and `conditions` of `status` (a merge patch that
+/// leaves every other field as it is), unless they equal `current`'s. For a plan the types
+/// cannot read: its last good choice stays visible, and no field is dropped (dropping nested
+/// fields by apply is what the full write does).
+pub async fn patch_conditions(
+    client: &kube::Client,
+    (ns, name): (&str, &str),
+    current: &TrainingPlanStatus,
+    status: &TrainingPlanStatus,
+) -> Result<bool, Error> {
+    let head = |s: &TrainingPlanStatus| (s.observed_generation, s.phase, s.conditions.clone());
+    if head(current) == head(status) {
+        return Ok(false);
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &plan_resource());
+    let body = serde_json::json!({"status": {
+        "observedGeneration": status.observed_generation,
+        "phase": status.phase,
+        "conditions": status.conditions,
+    }});
+    let pp = PatchParams {
+        field_manager: Some(OPERATOR_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    call(
+        format!("patch status conditions of trainingplan {ns}/{name}"),
+        api.patch_status(name, &pp, &Patch::Merge(&body)),
     )
     .await?;
     Ok(true)
@@ -109,6 +172,22 @@ mod tests {
         assert_eq!(body["status"]["phase"], "Ready");
         assert_eq!(body["kind"], "TrainingPlan");
         assert!(body.get("spec").is_none());
+    }
+
+    #[test]
+    fn dropped_fields_are_named() {
+        let before = TrainingPlanStatus {
+            phase: Some(primus_crds::Phase::Ready),
+            gain_over_reference: Some(0.1),
+            ..TrainingPlanStatus::default()
+        };
+        let after = TrainingPlanStatus {
+            phase: Some(primus_crds::Phase::Stalled),
+            ..TrainingPlanStatus::default()
+        };
+        let (b, a) = (apply_body(&before).unwrap(), apply_body(&after).unwrap());
+        assert_eq!(dropped_fields(&b, &a), ["gainOverReference"]);
+        assert!(dropped_fields(&a, &b).is_empty());
     }
 
     #[test]

@@ -211,11 +211,8 @@ impl Proxy {
     }
 }
 
-#[test]
-fn sigterm_ends_the_operator_promptly_even_without_an_api_server() {
-    let Some(tb) = testbed!() else { return };
-    let ns = tb.namespace("op-shutdown");
-    // The test bed's server address, and a kubeconfig that goes through the proxy.
+/// A proxy in front of the test bed's API server, and a kubeconfig that goes through it.
+fn proxied(tb: &primus_tests::TestBed) -> (Proxy, tempfile::TempDir, std::path::PathBuf) {
     let text = std::fs::read_to_string(&tb.kubeconfig).unwrap();
     let server = text
         .lines()
@@ -228,6 +225,14 @@ fn sigterm_ends_the_operator_promptly_even_without_an_api_server() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, text.replace(&server, &proxy.addr.to_string())).unwrap();
+    (proxy, dir, kubeconfig)
+}
+
+#[test]
+fn sigterm_ends_the_operator_promptly_even_without_an_api_server() {
+    let Some(tb) = testbed!() else { return };
+    let ns = tb.namespace("op-shutdown");
+    let (proxy, _dir, kubeconfig) = proxied(&tb);
 
     let mut op = Operator::start(
         &tb,
@@ -258,5 +263,164 @@ fn sigterm_ends_the_operator_promptly_even_without_an_api_server() {
         "\n==== shutdown without an API server: {:.2} s (exit code {code:?})\n",
         took.as_secs_f64()
     ));
+    proxy.runtime.shutdown_background();
+}
+
+/// The leader's API traffic goes through a proxy that the test freezes (connections stay
+/// open, nothing comes back: a renewal that hangs). With lease 3 s and renew deadline 2 s, the
+/// leader must stop acting (its fence closes, its leader gauge drops, it stops reconciling)
+/// within the renew deadline of its last renewal, before the Lease can expire for the other
+/// replica, which then takes over. Before the fence, the hung renewal held on for the API call
+/// timeout (20 s) and the controller kept writing meanwhile.
+#[test]
+fn a_leader_whose_renewal_hangs_stops_acting_within_the_renew_deadline() {
+    let Some(tb) = testbed!() else { return };
+    ensure_pytorchjob_crd(&tb);
+    let ns = tb.namespace("op-hang");
+    let (proxy, _dir, kubeconfig) = proxied(&tb);
+    let mut a = Operator::start(
+        &tb,
+        "replica-hung",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-hang",
+            kubeconfig: Some(&kubeconfig),
+            extra: vec![],
+        },
+    );
+    a.wait_leading(Duration::from_secs(60));
+    let b = Operator::start(
+        &tb,
+        "replica-direct",
+        OperatorArgs {
+            namespace: &ns.name,
+            lease: "primus-operator-hang",
+            kubeconfig: None,
+            extra: vec![],
+        },
+    );
+    let rt = runtime();
+    let client = rt.block_on(tb.client());
+    let lease: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &ns.name);
+    // Let b stand by, and a renew a few times.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(a.leading() && !b.leading());
+
+    proxy.cut();
+    let cut = Instant::now();
+    // The last renewal the API server has from a (its record no longer changes).
+    let last_renew = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec.as_ref().and_then(|s| s.renew_time.clone())
+    };
+    let before = last_renew(&rt.block_on(lease.get("primus-operator-hang")).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stopped = None;
+    let mut b_leads = None;
+    while (stopped.is_none() || b_leads.is_none()) && Instant::now() < deadline {
+        if stopped.is_none() && !a.leading() {
+            stopped = Some(cut.elapsed());
+        }
+        if b_leads.is_none() && b.leading() {
+            b_leads = Some(cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = stopped.unwrap_or_else(|| {
+        panic!(
+            "the hung leader still acts 10 s after the cut:\n{}",
+            a.log_text()
+        )
+    });
+    let b_leads =
+        b_leads.unwrap_or_else(|| panic!("the other replica never took over:\n{}", b.log_text()));
+    let l = rt.block_on(lease.get("primus-operator-hang")).unwrap();
+    assert_eq!(
+        l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
+        Some("replica-direct")
+    );
+    assert!(before.is_some());
+    primus_tests::loud(&format!(
+        "\n==== renewal hung: the leader stopped acting {:.2} s after the cut (renew deadline 2 s), the other replica led {:.2} s after it (lease 3 s)\n",
+        stopped.as_secs_f64(),
+        b_leads.as_secs_f64()
+    ));
+    // Within the renew deadline of its last renewal (which came before the cut), with slack
+    // for the 20 ms polls of its /metrics; and before the Lease could expire elsewhere.
+    assert!(
+        stopped <= Duration::from_millis(2300),
+        "stopped acting {stopped:?} after the cut:\n{}",
+        a.log_text()
+    );
+    assert!(
+        stopped < b_leads,
+        "a acted until {stopped:?}, b led at {b_leads:?}"
+    );
+    assert!(a.log_text().contains("stopped acting"), "{}", a.log_text());
+    proxy.runtime.shutdown_background();
+}
+
+/// The fence on the controller's client, against the test bed: writes pass while it is open
+/// and are refused locally once it closes, reads go on; a write hung in flight (the proxy
+/// frozen) is abandoned when the fence closes, not after the API call timeout.
+#[test]
+fn a_closed_fence_refuses_writes_and_cuts_off_a_hung_one() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::PostParams;
+    use primus_operator::fence::{Fence, fenced_client};
+    let Some(tb) = testbed!() else { return };
+    let ns = tb.namespace("op-fence");
+    let (proxy, _dir, kubeconfig) = proxied(&tb);
+    let rt = runtime();
+    let config = |path: &std::path::Path| {
+        let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+        rt.block_on(kube::Config::from_custom_kubeconfig(
+            kc,
+            &kube::config::KubeConfigOptions::default(),
+        ))
+        .unwrap()
+    };
+    primus_tests::install_crypto_provider();
+    let _in_runtime = rt.enter();
+    let fence = Fence::closed();
+    let client = fenced_client(config(&tb.kubeconfig), fence.clone()).unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns.name);
+    let cm = |name: &str| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = rt
+        .block_on(cms.create(&PostParams::default(), &cm("closed")))
+        .unwrap_err();
+    assert!(err.to_string().contains("not leading"), "{err}");
+    fence.open_until(Instant::now() + Duration::from_secs(30));
+    rt.block_on(cms.create(&PostParams::default(), &cm("open")))
+        .expect("an open fence lets writes through");
+    fence.close();
+    assert!(rt.block_on(cms.get("open")).is_ok(), "reads go on");
+    assert!(
+        rt.block_on(cms.delete("open", &Default::default()))
+            .is_err()
+    );
+
+    // Through the frozen proxy: the write hangs until the fence closes 1 s later.
+    let hung = fenced_client(config(&kubeconfig), fence.clone()).unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(hung, &ns.name);
+    rt.block_on(cms.list(&Default::default()))
+        .expect("the proxy forwards");
+    proxy.cut();
+    // The forwarders notice the cut within 20 ms.
+    std::thread::sleep(Duration::from_millis(200));
+    fence.open_until(Instant::now() + Duration::from_secs(1));
+    let t = Instant::now();
+    let err = rt
+        .block_on(cms.create(&PostParams::default(), &cm("hung")))
+        .unwrap_err();
+    let took = t.elapsed();
+    assert!(err.to_string().contains("not leading"), "{err}");
+    assert!(took < Duration::from_millis(1500), "cut off after {took:?}");
     proxy.runtime.shutdown_background();
 }

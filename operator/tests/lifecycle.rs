@@ -562,7 +562,12 @@ fn drift_from_a_prometheus_query() {
             namespace: &ns.name,
             lease: "primus-operator-test",
             kubeconfig: None,
-            extra: vec!["--drift-interval-seconds".into(), "1".into()],
+            extra: vec![
+                "--drift-interval-seconds".into(),
+                "1".into(),
+                "--drift-url-allow".into(),
+                format!("http://127.0.0.1:{}", addr.port()),
+            ],
         },
     );
     op.wait_leading(Duration::from_secs(60));
@@ -646,4 +651,28 @@ fn drift_from_a_prometheus_query() {
             }
         },
     ));
+
+    // A URL the operator's allow-list does not name (another port of the same host): the
+    // condition says why (the unit tests in drift.rs show that no request is sent).
+    let other = yaml
+        .replace("name: prom", "name: elsewhere")
+        .replace(&format!("http://{addr}"), "http://127.0.0.1:1");
+    let out = k.run_stdin(&["apply", "-n", &ns.name, "-f", "-"], &other);
+    assert!(out.status.success(), "{}", primus_tests::stderr(&out));
+    let plan = rt.block_on(poll(Duration::from_secs(60), "URLNotAllowed", || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            get_plan(&client, &ns, "elsewhere").await.filter(|p| {
+                condition(p, "DriftWithinTolerance").is_some_and(|c| c.reason == "URLNotAllowed")
+            })
+        }
+    }));
+    let c = condition(&plan, "DriftWithinTolerance").unwrap();
+    assert_eq!(c.status, "Unknown");
+    assert!(c.message.contains("--drift-url-allow"), "{}", c.message);
+    assert!(
+        has(&plan, "Ready", "True"),
+        "drift does not hold the plan back"
+    );
 }

@@ -54,6 +54,15 @@ pub use coverage::{Coverage, OpCoverage, Source, TermSource, coverage};
 /// alone, or absurdly slow, is clamped rather than trusted without limit).
 pub const LINK_FACTOR_LIMIT: f64 = 50.0;
 
+/// Bounds of an op's measured / analytic ratio: [1/limit, limit]. The analytic time is the
+/// roofline with the profile's efficiency curves, so a healthy GPU runs a kernel within a small
+/// factor of it; a measurement ten times faster would beat the hardware's peak for any curve
+/// above 10% efficiency, and ten times slower points at the measurement (a throttled or shared
+/// GPU, a wrong clock, a forged report) rather than at the GPU. Beyond the band the ratio is
+/// clamped, so one absurd report cannot skew a projection without limit, and the report is
+/// flagged ([`Calibration::clamped`]).
+pub const OP_RATIO_LIMIT: f64 = 10.0;
+
 /// A measured time for one whole decoder-layer pass at the target TP/EP.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerMeasurement {
@@ -120,6 +129,8 @@ pub struct OpComparison {
     /// The op was found in the model card's op list at the measured layout (else rebuilt from
     /// the report's shape, FLOPs and bytes).
     pub matched: bool,
+    /// Its ratio was outside [1/[`OP_RATIO_LIMIT`], [`OP_RATIO_LIMIT`]] and clamped.
+    pub clamped: bool,
 }
 
 impl OpComparison {
@@ -148,6 +159,8 @@ pub struct CollectiveComparison {
     pub analytic_seconds: f64,
     pub measured_bus_gbps: f64,
     pub analytic_bus_gbps: f64,
+    /// Its factor was outside [1/[`LINK_FACTOR_LIMIT`], [`LINK_FACTOR_LIMIT`]] and clamped.
+    pub clamped: bool,
     /// Factor on the scale-up bandwidth (see the module docs).
     pub factor: f64,
 }
@@ -253,6 +266,21 @@ pub enum RatioSource {
     Analytic,
 }
 
+/// How many measurements of a report were beyond their band and clamped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Clamped {
+    pub ops: usize,
+    pub of_ops: usize,
+    pub collectives: usize,
+    pub of_collectives: usize,
+}
+
+impl Clamped {
+    pub fn any(&self) -> bool {
+        self.ops + self.collectives > 0
+    }
+}
+
 /// A benchmark report prepared for one scenario.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
@@ -342,6 +370,17 @@ impl Calibration {
         .and_then(|curve| curve.at(x))
         .map(|y| (y.exp(), RatioSource::Interpolated))
         .unwrap_or((1.0, RatioSource::Analytic))
+    }
+
+    /// Measurements beyond their band (clamped): (ops clamped, ops, collectives clamped,
+    /// collectives).
+    pub fn clamped(&self) -> Clamped {
+        Clamped {
+            ops: self.ops.iter().filter(|o| o.clamped).count(),
+            of_ops: self.ops.len(),
+            collectives: self.collectives.iter().filter(|c| c.clamped).count(),
+            of_collectives: self.collectives.len(),
+        }
     }
 
     /// Measured op passes of one kind, for display.

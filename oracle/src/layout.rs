@@ -4,13 +4,20 @@
 
 use serde::{Deserialize, Serialize};
 
+mod memory_options;
 mod pipeline;
 mod recompute;
 mod rules;
 
+pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};
 pub use rules::LayoutError;
+
+use memory_options::{
+    full_fraction, is_false, is_fp32, is_full_fraction, is_megatron_dropout, is_zero,
+    megatron_dropout,
+};
 
 /// Activation recomputation granularity.
 #[derive(
@@ -153,6 +160,76 @@ pub struct Layout {
     /// the distributed optimizer keeps an FP32 copy of its gradient shard.
     #[serde(default = "yes")]
     pub grad_reduce_in_fp32: bool,
+
+    // ---- Optimizer and activation memory options (layout/memory_options.rs; Megatron flags
+    // in megatron.rs; memory terms in memory/optimizer.rs, memory/activations.rs and
+    // memory/allocator.rs). Defaults are what a Megatron-LM job without the flag does. ----
+    /// Attention dropout probability (`--attention-dropout`, Megatron's default 0.1). Only
+    /// without fused attention does it keep memory (the dropped-out probabilities and their
+    /// mask); flash attention regenerates the mask from the RNG state.
+    #[serde(
+        default = "megatron_dropout",
+        skip_serializing_if = "is_megatron_dropout"
+    )]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0.1)))]
+    pub attention_dropout: Fraction,
+    /// Hidden dropout probability (`--hidden-dropout`, Megatron's default 0.1; Llama, Qwen,
+    /// Mixtral, DeepSeek and gpt-oss recipes set 0). Above 0 every layer keeps two 1-byte
+    /// masks (after attention and after the MLP) and the first stage one after the embedding.
+    #[serde(
+        default = "megatron_dropout",
+        skip_serializing_if = "is_megatron_dropout"
+    )]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0.1)))]
+    pub hidden_dropout: Fraction,
+    /// Transformer Engine's precision-aware optimizer (`--use-precision-aware-optimizer`):
+    /// master weights and Adam moments in the dtypes below, gradients read in place.
+    #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
+    pub precision_aware_optimizer: bool,
+    /// Gradient buffer dtype with the precision-aware optimizer (`--main-grads-dtype`: fp32,
+    /// bf16).
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
+    pub main_grads_dtype: OptimizerDtype,
+    /// Master weight dtype (`--main-params-dtype`: fp32, fp16).
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
+    pub main_params_dtype: OptimizerDtype,
+    /// Adam first moment dtype (`--exp-avg-dtype`: fp32, fp16, bf16, fp8).
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
+    pub exp_avg_dtype: OptimizerDtype,
+    /// Adam second moment dtype (`--exp-avg-sq-dtype`: fp32, fp16, bf16, fp8).
+    #[serde(default, skip_serializing_if = "is_fp32")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "fp32")))]
+    pub exp_avg_sq_dtype: OptimizerDtype,
+    /// Optimizer states on the CPU (`--optimizer-cpu-offload`; Megatron-LM also requires the
+    /// precision-aware optimizer, Megatron-Bridge does not).
+    #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
+    pub optimizer_cpu_offload: bool,
+    /// Fraction of the optimizer's parameters whose states go to the CPU
+    /// (`--optimizer-offload-fraction`, default 1.0).
+    #[serde(default = "full_fraction", skip_serializing_if = "is_full_fraction")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 1.0)))]
+    pub optimizer_offload_fraction: Fraction,
+    /// Layers whose activations are offloaded to the CPU (`--cpu-offloading-num-layers`;
+    /// needs pp = 1 and no recompute); 0 = none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = 0)))]
+    pub activation_offload_layers: u32,
+    /// FP8 parameters (`--fp8-param-gather`): GEMM weights stored in FP8 (and gathered in
+    /// FP8), with no BF16 weight beside the FP8 copy.
+    #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
+    pub fp8_param_gather: bool,
+    /// PyTorch's allocator with expandable segments
+    /// (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`; `PYTORCH_HIP_ALLOC_CONF` on ROCm):
+    /// far less fragmentation between the allocated and the reserved peak.
+    #[serde(default, skip_serializing_if = "is_false")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
+    pub expandable_segments: bool,
 }
 
 impl Default for Layout {
@@ -179,6 +256,18 @@ impl Default for Layout {
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             grad_reduce_in_fp32: true,
+            attention_dropout: megatron_dropout(),
+            hidden_dropout: megatron_dropout(),
+            precision_aware_optimizer: false,
+            main_grads_dtype: OptimizerDtype::Fp32,
+            main_params_dtype: OptimizerDtype::Fp32,
+            exp_avg_dtype: OptimizerDtype::Fp32,
+            exp_avg_sq_dtype: OptimizerDtype::Fp32,
+            optimizer_cpu_offload: false,
+            optimizer_offload_fraction: full_fraction(),
+            activation_offload_layers: 0,
+            fp8_param_gather: false,
+            expandable_segments: false,
         }
     }
 }
@@ -274,6 +363,10 @@ impl Layout {
         }
         if !self.grad_reduce_in_fp32 {
             s.push_str(" bf16-grads");
+        }
+        for w in self.memory_options_label() {
+            s.push(' ');
+            s.push_str(&w);
         }
         s.push(' ');
         s.push_str(self.schedule.as_str());

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use crate::error::FieldError;
-use crate::layout::{Layout, Recompute, RecomputeModule, Schedule};
+use crate::layout::{
+    Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute, RecomputeModule, Schedule,
+};
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
 use crate::precision::Precision;
 use crate::scenario::{Scenario, Training};
@@ -69,10 +71,103 @@ pub mod flag {
     pub const QK_POS_HEAD_DIM: &str = "--qk-pos-emb-head-dim";
     pub const V_HEAD_DIM: &str = "--v-head-dim";
     pub const MTP_LAYERS: &str = "--mtp-num-layers";
+    // Optimizer and activation memory options (layout/memory_options.rs).
+    pub const ATTENTION_DROPOUT: &str = "--attention-dropout";
+    pub const HIDDEN_DROPOUT: &str = "--hidden-dropout";
+    pub const PRECISION_AWARE_OPTIMIZER: &str = "--use-precision-aware-optimizer";
+    pub const MAIN_GRADS_DTYPE: &str = "--main-grads-dtype";
+    pub const MAIN_PARAMS_DTYPE: &str = "--main-params-dtype";
+    pub const EXP_AVG_DTYPE: &str = "--exp-avg-dtype";
+    pub const EXP_AVG_SQ_DTYPE: &str = "--exp-avg-sq-dtype";
+    pub const OPTIMIZER_CPU_OFFLOAD: &str = "--optimizer-cpu-offload";
+    pub const OPTIMIZER_OFFLOAD_FRACTION: &str = "--optimizer-offload-fraction";
+    /// Layer-level activation offload (TransformerConfig `cpu_offloading_num_layers`; a
+    /// positive value turns `cpu_offloading` on).
+    pub const CPU_OFFLOADING_NUM_LAYERS: &str = "--cpu-offloading-num-layers";
+    pub const FP8_PARAM_GATHER: &str = "--fp8-param-gather";
 }
+
+/// Environment variables that configure PyTorch's caching allocator (`expandable_segments`):
+/// the CUDA name, the ROCm name, and the vendor-neutral name of PyTorch >= 2.7.
+pub const ALLOC_CONF_ENV: [&str; 3] = [
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+];
+
+/// The allocator option the layout's `expandableSegments` sets.
+pub const EXPANDABLE_SEGMENTS_OPTION: &str = "expandable_segments";
+
+/// Whether an allocator configuration value (`expandable_segments:True,max_split_size_mb:512`)
+/// turns expandable segments on (`None` when it does not mention them).
+pub fn expandable_segments_in(conf: &str) -> Option<bool> {
+    conf.split(',').rev().find_map(|opt| {
+        let (k, v) = opt.split_once(':')?;
+        (k.trim() == EXPANDABLE_SEGMENTS_OPTION).then(|| v.trim().eq_ignore_ascii_case("true"))
+    })
+}
+
+/// `conf` with `expandable_segments` set as the layout says: added (`:True`) or removed.
+pub fn with_expandable_segments(conf: &str, on: bool) -> String {
+    let mut opts: Vec<&str> = conf
+        .split(',')
+        .map(str::trim)
+        .filter(|o| {
+            !o.is_empty()
+                && o.split_once(':').map(|(k, _)| k.trim()) != Some(EXPANDABLE_SEGMENTS_OPTION)
+        })
+        .collect();
+    let set = format!("{EXPANDABLE_SEGMENTS_OPTION}:True");
+    if on {
+        opts.insert(0, &set);
+    }
+    opts.join(",")
+}
+
+/// Memory-relevant Megatron flags the memory model does not model, with what each changes: a
+/// job carrying one is admitted with a warning naming it, never denied on memory.
+pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
+    (
+        "--fine-grained-activation-offloading",
+        "fine-grained activation offloading",
+    ),
+    ("--offload-modules", "fine-grained activation offloading"),
+    ("--cpu-offloading-weights", "weight offloading"),
+    ("--cuda-graph-impl", "CUDA-graph memory pools"),
+    ("--enable-cuda-graph", "CUDA-graph memory pools"),
+    ("--external-cuda-graph", "CUDA-graph memory pools"),
+    ("--moe-enable-deepep", "DeepEP dispatcher buffers"),
+    (
+        "--moe-flex-dispatcher-backend",
+        "DeepEP/HybridEP dispatcher buffers",
+    ),
+    ("--use-megatron-fsdp", "Megatron-FSDP sharding"),
+    ("--use-custom-fsdp", "Megatron-FSDP sharding"),
+    ("--use-nccl-ub", "NCCL user-buffer registration"),
+    (
+        "--num-distributed-optimizer-instances",
+        "a partially sharded distributed optimizer",
+    ),
+    (
+        "--reuse-grad-buf-for-mxfp8-param-ag",
+        "MXFP8 parameter all-gather buffers",
+    ),
+];
 
 /// Flags that take no value.
 const SWITCHES: &[&str] = &[
+    flag::PRECISION_AWARE_OPTIMIZER,
+    flag::OPTIMIZER_CPU_OFFLOAD,
+    flag::FP8_PARAM_GATHER,
+    "--fine-grained-activation-offloading",
+    "--cpu-offloading-weights",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
+    "--moe-enable-deepep",
+    "--use-megatron-fsdp",
+    "--use-custom-fsdp",
+    "--use-nccl-ub",
+    "--reuse-grad-buf-for-mxfp8-param-ag",
     flag::DIST_OPT,
     flag::SP,
     flag::FSDP,
@@ -179,7 +274,54 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
     if !l.grad_reduce_in_fp32 {
         a.push(flag::GRAD_REDUCE_IN_BF16.into());
     }
+    memory_option_args(l, &mut a);
     a
+}
+
+/// The flags of the layout's memory options that differ from Megatron's defaults (a job
+/// without them runs with the defaults, which are the layout's).
+fn memory_option_args(l: &Layout, a: &mut Vec<String>) {
+    let mut kv = |k: &str, v: String| {
+        a.push(k.to_string());
+        a.push(v);
+    };
+    if l.attention_dropout != MEGATRON_DROPOUT {
+        kv(flag::ATTENTION_DROPOUT, l.attention_dropout.to_string());
+    }
+    if l.hidden_dropout != MEGATRON_DROPOUT {
+        kv(flag::HIDDEN_DROPOUT, l.hidden_dropout.to_string());
+    }
+    for (f, d) in [
+        (flag::MAIN_GRADS_DTYPE, l.main_grads_dtype),
+        (flag::MAIN_PARAMS_DTYPE, l.main_params_dtype),
+        (flag::EXP_AVG_DTYPE, l.exp_avg_dtype),
+        (flag::EXP_AVG_SQ_DTYPE, l.exp_avg_sq_dtype),
+    ] {
+        if !d.is_fp32() {
+            kv(f, d.as_str().to_string());
+        }
+    }
+    if l.optimizer_cpu_offload && l.optimizer_offload_fraction != Fraction::ONE {
+        kv(
+            flag::OPTIMIZER_OFFLOAD_FRACTION,
+            l.optimizer_offload_fraction.to_string(),
+        );
+    }
+    if l.activation_offload_layers > 0 {
+        kv(
+            flag::CPU_OFFLOADING_NUM_LAYERS,
+            l.activation_offload_layers.to_string(),
+        );
+    }
+    if l.precision_aware_optimizer {
+        a.push(flag::PRECISION_AWARE_OPTIMIZER.into());
+    }
+    if l.optimizer_cpu_offload {
+        a.push(flag::OPTIMIZER_CPU_OFFLOAD.into());
+    }
+    if l.fp8_param_gather {
+        a.push(flag::FP8_PARAM_GATHER.into());
+    }
 }
 
 /// The Megatron flags of a layout and model: what a training container's arguments end with
@@ -489,7 +631,55 @@ impl MegatronArgs {
             let block = self.get(flag::RECOMPUTE_METHOD) == Some("block");
             l.recompute_layers = if block && n < per_stage { n } else { 0 };
         }
+        self.memory_options(&mut l)?;
         Ok(l)
+    }
+
+    /// The memory options of the layout (Megatron's defaults where a flag is absent). Ranges
+    /// are the layout rules' to judge; a value that is not a number or dtype names its flag.
+    fn memory_options(&self, l: &mut Layout) -> Result<(), FieldError> {
+        let fraction = |f: &str| -> Result<Option<Fraction>, FieldError> {
+            Ok(self.num::<f64>(f)?.map(Fraction::new))
+        };
+        let dtype = |f: &str| -> Result<OptimizerDtype, FieldError> {
+            match self.values.get(f) {
+                None => Ok(OptimizerDtype::Fp32),
+                Some(None) => Err(FieldError::new(f, "needs a value")),
+                Some(Some(v)) => OptimizerDtype::parse(v).ok_or_else(|| {
+                    FieldError::new(f, format!("{v:?} is not fp32, bf16, fp16 or fp8"))
+                }),
+            }
+        };
+        l.attention_dropout = fraction(flag::ATTENTION_DROPOUT)?.unwrap_or(MEGATRON_DROPOUT);
+        l.hidden_dropout = fraction(flag::HIDDEN_DROPOUT)?.unwrap_or(MEGATRON_DROPOUT);
+        l.precision_aware_optimizer = self.has(flag::PRECISION_AWARE_OPTIMIZER);
+        l.main_grads_dtype = dtype(flag::MAIN_GRADS_DTYPE)?;
+        l.main_params_dtype = dtype(flag::MAIN_PARAMS_DTYPE)?;
+        l.exp_avg_dtype = dtype(flag::EXP_AVG_DTYPE)?;
+        l.exp_avg_sq_dtype = dtype(flag::EXP_AVG_SQ_DTYPE)?;
+        l.optimizer_cpu_offload = self.has(flag::OPTIMIZER_CPU_OFFLOAD);
+        l.optimizer_offload_fraction =
+            fraction(flag::OPTIMIZER_OFFLOAD_FRACTION)?.unwrap_or(Fraction::ONE);
+        l.activation_offload_layers = self.num(flag::CPU_OFFLOADING_NUM_LAYERS)?.unwrap_or(0);
+        l.fp8_param_gather = self.has(flag::FP8_PARAM_GATHER);
+        Ok(())
+    }
+
+    /// The memory-relevant flags of [`UNMODELLED_MEMORY_FLAGS`] this command line carries (and
+    /// `--moe-token-dispatcher-type flex`), each with what it changes.
+    pub fn unmodelled_memory_flags(&self) -> Vec<(String, &'static str)> {
+        let mut found: Vec<(String, &'static str)> = UNMODELLED_MEMORY_FLAGS
+            .iter()
+            .filter(|(f, _)| self.has(f) && self.get(f) != Some("none"))
+            .map(|(f, what)| (f.to_string(), *what))
+            .collect();
+        if self.get("--moe-token-dispatcher-type") == Some("flex") {
+            found.push((
+                "--moe-token-dispatcher-type flex".to_string(),
+                "DeepEP/HybridEP dispatcher buffers",
+            ));
+        }
+        found
     }
 
     /// The training settings these flags give, when sequence length and global batch are set.
@@ -898,6 +1088,130 @@ mod tests {
                 .unwrap_err()
                 .message
                 .contains("does not divide")
+        );
+    }
+
+    #[test]
+    fn memory_options_round_trip_and_defaults_write_nothing() {
+        use crate::layout::{Fraction, OptimizerDtype};
+        let mut s = scenario("llama3.1-70b", "h100-sxm", 64);
+        s.training.precision = Precision::Fp8;
+        let defaults = layout_args(&s, &Layout::default());
+        for f in [
+            flag::ATTENTION_DROPOUT,
+            flag::HIDDEN_DROPOUT,
+            flag::PRECISION_AWARE_OPTIMIZER,
+            flag::MAIN_GRADS_DTYPE,
+            flag::OPTIMIZER_CPU_OFFLOAD,
+            flag::OPTIMIZER_OFFLOAD_FRACTION,
+            flag::CPU_OFFLOADING_NUM_LAYERS,
+            flag::FP8_PARAM_GATHER,
+        ] {
+            assert!(!defaults.contains(&f.to_string()), "{f} in {defaults:?}");
+        }
+        let pao = Layout {
+            tp: 8,
+            pp: 2,
+            attention_dropout: Fraction::ZERO,
+            hidden_dropout: Fraction::new(0.05),
+            precision_aware_optimizer: true,
+            main_grads_dtype: OptimizerDtype::Bf16,
+            main_params_dtype: OptimizerDtype::Fp16,
+            exp_avg_dtype: OptimizerDtype::Bf16,
+            exp_avg_sq_dtype: OptimizerDtype::Fp8,
+            optimizer_cpu_offload: true,
+            optimizer_offload_fraction: Fraction::new(0.5),
+            fp8_param_gather: true,
+            ..Layout::default()
+        };
+        let offload = Layout {
+            tp: 8,
+            activation_offload_layers: 20,
+            ..Layout::default()
+        };
+        for l in [pao, offload] {
+            l.check(&s).unwrap();
+            let args = layout_args(&s, &l);
+            let back = MegatronArgs::parse(args.iter().map(String::as_str))
+                .layout(&s.model)
+                .unwrap();
+            assert_eq!(back, l, "flags {args:?}");
+        }
+        let args = layout_args(
+            &s,
+            &Layout {
+                attention_dropout: Fraction::ZERO,
+                ..Layout::default()
+            },
+        );
+        let at = args
+            .iter()
+            .position(|a| a == flag::ATTENTION_DROPOUT)
+            .unwrap();
+        assert_eq!(args[at + 1], "0");
+        // A value that is not a number or a dtype names its flag.
+        let bad = MegatronArgs::parse(["--exp-avg-dtype", "int4"]);
+        assert_eq!(bad.layout(&llama70()).unwrap_err().field, "--exp-avg-dtype");
+        let bad = MegatronArgs::parse(["--hidden-dropout", "lots"]);
+        assert_eq!(
+            bad.layout(&llama70()).unwrap_err().field,
+            "--hidden-dropout"
+        );
+    }
+
+    #[test]
+    fn unmodelled_memory_flags_are_found_and_modelled_values_are_not() {
+        let a = MegatronArgs::parse([
+            "--cuda-graph-impl",
+            "transformer_engine",
+            "--moe-token-dispatcher-type",
+            "flex",
+            "--use-nccl-ub",
+        ]);
+        let found: Vec<String> = a
+            .unmodelled_memory_flags()
+            .into_iter()
+            .map(|f| f.0)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "--cuda-graph-impl",
+                "--use-nccl-ub",
+                "--moe-token-dispatcher-type flex"
+            ]
+        );
+        let a = MegatronArgs::parse([
+            "--cuda-graph-impl",
+            "none",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+        ]);
+        assert!(a.unmodelled_memory_flags().is_empty());
+    }
+
+    #[test]
+    fn allocator_configuration_reads_and_writes_expandable_segments() {
+        assert_eq!(
+            expandable_segments_in("expandable_segments:True"),
+            Some(true)
+        );
+        assert_eq!(
+            expandable_segments_in("max_split_size_mb:512, expandable_segments:False"),
+            Some(false)
+        );
+        assert_eq!(expandable_segments_in("max_split_size_mb:512"), None);
+        assert_eq!(
+            with_expandable_segments("max_split_size_mb:512", true),
+            "expandable_segments:True,max_split_size_mb:512"
+        );
+        assert_eq!(
+            with_expandable_segments("expandable_segments:True,max_split_size_mb:512", false),
+            "max_split_size_mb:512"
+        );
+        assert_eq!(
+            with_expandable_segments("expandable_segments:True", false),
+            ""
         );
     }
 

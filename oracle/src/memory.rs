@@ -15,20 +15,24 @@
 //!   DP x CP for dense parameters and the expert-data-parallel group for expert parameters;
 //!   without it 2 + 4 + 12 = 18; with FSDP all 18 bytes are sharded; with BF16 gradients
 //!   (`--grad-reduce-in-bf16`) 2 + 2 unsharded and 12 + 4 (an FP32 copy of the gradient
-//!   shard) sharded: 4 + 16/d, the same table's 16-bit-gradient row;
+//!   shard) sharded: 4 + 16/d, the same table's 16-bit-gradient row; the precision-aware
+//!   optimizer's dtypes, optimizer CPU offload and FP8 parameters as [`optimizer`] derives;
 //! - FP8 (Transformer Engine): an FP8 copy of every GEMM weight and its transpose, kept for the
-//!   whole step, 2 bytes per GEMM weight ([`FP8_WEIGHT_COPY_BYTES`]);
+//!   whole step, 2 bytes per GEMM weight ([`FP8_WEIGHT_COPY_BYTES`]), or FP8 weights
+//!   themselves with `--fp8-param-gather` ([`FP8_PARAM_BYTES`]);
 //! - activations: [`activations`], times the micro-batches each schedule keeps in flight;
 //! - the last stage's logits: Megatron's vocab-parallel cross entropy casts the BF16 logits
 //!   (2 bytes) to FP32 (4 bytes), turns them into the softmax in place and keeps that for the
 //!   backward pass: 4 bytes per logit per in-flight micro-batch, plus the 2-byte BF16 logits of
 //!   one micro-batch while the cast runs (no fused cross entropy assumed);
 //! - other: the sequence-parallel all-gather buffer, pipeline send/receive buffers, the MoE
-//!   dispatch buffer, FSDP's unsharded layer buffers, and the allocator's fragmentation (the
-//!   hardware profile's `overheads.allocatorFragmentation` fraction of all tensor memory).
+//!   dispatch buffer, FSDP's unsharded layer buffers, the allocator's overhead (the hardware
+//!   profile's `overheads.allocatorFragmentation` fraction of all tensor memory, or the
+//!   expandable-segments constant) and the communicator buffers ([`allocator`]).
 //!
-//! The runtime reserve (`overheads.runtimeReserveGib`) is not part of a stage's total: it is
-//! what separates `capacityBytes` from `usableBytes`.
+//! The runtime reserve (`overheads.runtimeReserveGib`: context, workspaces) is not part of a
+//! stage's total: it is what separates `capacityBytes` from `usableBytes`. How far the total
+//! may be trusted is [`band`]: the measured error band the verdict allows for.
 //!
 //! `activations.rs` holds the per-layer activation terms and the in-flight micro-batches of
 //! each schedule; `stage.rs` the accounting of one stage from them.
@@ -40,45 +44,25 @@ use crate::model::LayerKind;
 use crate::scenario::Scenario;
 
 pub mod activations;
+pub mod allocator;
+pub mod band;
+pub mod optimizer;
 mod stage;
 
 pub use activations::{
-    ActivationTerms, Keep, MemoryOptions, deferred_wgrad_microbatches, inflight_in_chunk,
+    ActivationTerms, Dropout, Keep, MemoryOptions, deferred_wgrad_microbatches, inflight_in_chunk,
     inflight_microbatches, layer_terms, wgrad_terms,
+};
+pub use band::{
+    Band, JobKind, MEGATRON_DENSE_OVER, MEGATRON_DENSE_UNDER, MEGATRON_MOE_OVER,
+    MEGATRON_MOE_UNDER, Verdict,
+};
+pub use optimizer::{
+    BF16_GRAD_BYTES, FP8_PARAM_BYTES, FP8_WEIGHT_COPY_BYTES, FP32_GRAD_COPY_BYTES, MAIN_GRAD_BYTES,
+    OPTIMIZER_STATE_BYTES, StateBytes, WEIGHT_BYTES, state_bytes,
 };
 use stage::Ctx;
 
-/// BF16 model weight, bytes per parameter.
-pub const WEIGHT_BYTES: f64 = 2.0;
-/// FP32 main gradient (Megatron accumulates and reduces gradients in FP32 with BF16 training),
-/// bytes per parameter.
-pub const MAIN_GRAD_BYTES: f64 = 4.0;
-/// BF16 gradient (`--grad-reduce-in-bf16`: gradients accumulated and reduced in BF16), bytes
-/// per parameter.
-pub const BF16_GRAD_BYTES: f64 = 2.0;
-/// Adam optimizer state: FP32 master weight 4 + first moment 4 + second moment 4, bytes per
-/// parameter.
-pub const OPTIMIZER_STATE_BYTES: f64 = 12.0;
-/// With BF16 gradients the optimizer casts its gradient shard to an FP32 copy for the update,
-/// bytes per parameter (Megatron-LM `docs/source/api-guide/dist_optimizer.md`, the 16-bit
-/// gradient rows: 4 + 16/d with the distributed optimizer, 20 without).
-pub const FP32_GRAD_COPY_BYTES: f64 = 4.0;
-
-/// Bytes per parameter of the gradient buffer and of the optimizer (sharded by the caller) for
-/// a layout's gradient precision.
-pub fn grad_and_optimizer_bytes(l: &Layout) -> (f64, f64) {
-    if l.grad_reduce_in_fp32 {
-        (MAIN_GRAD_BYTES, OPTIMIZER_STATE_BYTES)
-    } else {
-        (
-            BF16_GRAD_BYTES,
-            OPTIMIZER_STATE_BYTES + FP32_GRAD_COPY_BYTES,
-        )
-    }
-}
-/// Transformer Engine FP8 training keeps, per GEMM weight, an FP8 copy (1 byte) and its
-/// transpose (1 byte) for the backward GEMMs, cached across micro-batches.
-pub const FP8_WEIGHT_COPY_BYTES: f64 = 2.0;
 /// Megatron pads the vocabulary to a multiple of this times TP (`--make-vocab-size-divisible-by`).
 pub const VOCAB_PAD_MULTIPLE: u64 = 128;
 /// Pipeline point-to-point buffers alive at once: the gradient received from the next stage
@@ -123,8 +107,15 @@ pub struct StageMemory {
     pub logits_bytes: f64,
     /// Of the other bytes: communication and FSDP buffers.
     pub buffers_bytes: f64,
-    /// Of the other bytes: allocator fragmentation.
+    /// Of the other bytes: the caching allocator's overhead (reserved but not allocated).
     pub fragmentation_bytes: f64,
+    /// Of the other bytes: NCCL/RCCL communicator buffers, outside PyTorch's allocator.
+    pub communicator_bytes: f64,
+    /// Tensors PyTorch allocates at the peak (`max_memory_allocated`): weights, gradients,
+    /// optimizer states, activations and buffers.
+    pub allocated_bytes: f64,
+    /// Allocated plus the allocator's overhead (`max_memory_reserved`).
+    pub reserved_bytes: f64,
 }
 
 /// Memory of every stage and the verdict.
@@ -212,10 +203,14 @@ pub fn layer_activation_bytes(
     let tp = l.tp.max(1) as f64;
     let tp_sp = if l.sp() { tp } else { 1.0 };
     let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
-    layer_terms(&s.model, kind, keep, l.etp, s.training.precision, opts).bytes(
-        tokens,
-        s.training.seq_length as f64,
-        tp,
-        tp_sp,
+    layer_terms(
+        &s.model,
+        kind,
+        keep,
+        l.etp,
+        s.training.precision,
+        opts,
+        Dropout::of(l),
     )
+    .bytes(tokens, s.training.seq_length as f64, tp, tp_sp)
 }

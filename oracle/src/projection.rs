@@ -31,7 +31,7 @@ use model::{GpuParams, time_model};
 /// `--bf16` default, BF16 with `--grad-reduce-in-bf16` (the memory model's gradient buffer:
 /// one source for both).
 pub fn grad_bytes(l: &crate::layout::Layout) -> f64 {
-    crate::memory::grad_and_optimizer_bytes(l).0
+    crate::memory::state_bytes(l, false).grad
 }
 /// Bytes of one parameter in the distributed optimizer's all-gather (BF16 model weights).
 pub const PARAM_BYTES: f64 = 2.0;

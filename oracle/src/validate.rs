@@ -28,6 +28,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+pub mod memory;
+
 use crate::error::PlanError;
 use crate::layout::Layout;
 use crate::parse::from_value_at;
@@ -61,7 +63,7 @@ pub const REQUIRED_COLUMNS: &[&str] = &[
 ];
 
 /// Columns that describe the layout (`spec.parallelism` field names).
-const LAYOUT_COLUMNS: &[&str] = &[
+pub(crate) const LAYOUT_COLUMNS: &[&str] = &[
     "tp",
     "pp",
     "vpp",
@@ -83,11 +85,29 @@ const LAYOUT_COLUMNS: &[&str] = &[
     "overlapGradReduce",
     "overlapParamGather",
     "gradReduceInFp32",
+    "attentionDropout",
+    "hiddenDropout",
+    "precisionAwareOptimizer",
+    "mainGradsDtype",
+    "mainParamsDtype",
+    "expAvgDtype",
+    "expAvgSqDtype",
+    "optimizerCpuOffload",
+    "optimizerOffloadFraction",
+    "activationOffloadLayers",
+    "fp8ParamGather",
+    "expandableSegments",
 ];
 
 /// Gradient precision of a row without a `gradReduceInFp32` cell: BF16, as the published
 /// performance recipes run (see the module documentation).
 const ROW_GRAD_REDUCE_IN_FP32: bool = false;
+
+/// Dropout of a row without `attentionDropout` / `hiddenDropout` cells: none, as the published
+/// recipes' models (Llama, Qwen, Mixtral, DeepSeek, gpt-oss, and NeMo's GPT-3 performance
+/// configs) are built from Hugging Face configurations without dropout, while a TrainingPlan's
+/// layout defaults to Megatron-LM's 0.1.
+const ROW_DROPOUT: f64 = 0.0;
 
 /// What a row is compared on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -283,17 +303,17 @@ pub fn embedding_and_loss_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Opt
     Some(text)
 }
 
-struct Row<'a> {
-    line: usize,
-    cells: BTreeMap<&'a str, &'a str>,
+pub(crate) struct Row<'a> {
+    pub(crate) line: usize,
+    pub(crate) cells: BTreeMap<&'a str, &'a str>,
 }
 
 impl Row<'_> {
-    fn get(&self, col: &str) -> &str {
+    pub(crate) fn get(&self, col: &str) -> &str {
         self.cells.get(col).map(|s| s.trim()).unwrap_or("")
     }
 
-    fn num<T: std::str::FromStr>(&self, col: &str) -> Result<T, String>
+    pub(crate) fn num<T: std::str::FromStr>(&self, col: &str) -> Result<T, String>
     where
         T::Err: std::fmt::Display,
     {
@@ -335,10 +355,11 @@ fn layout_value(col: &str, v: &str) -> serde_json::Value {
         _ => match v.to_ascii_lowercase().as_str() {
             "true" => serde_json::Value::Bool(true),
             "false" => serde_json::Value::Bool(false),
-            _ => v
-                .parse::<u64>()
-                .map(serde_json::Value::from)
-                .unwrap_or_else(|_| serde_json::Value::String(v.to_string())),
+            _ => match (v.parse::<u64>(), v.parse::<f64>()) {
+                (Ok(n), _) => serde_json::Value::from(n),
+                (_, Ok(x)) if x.is_finite() => serde_json::Value::from(x),
+                _ => serde_json::Value::String(v.to_string()),
+            },
         },
     }
 }
@@ -467,7 +488,7 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> RowResult {
 }
 
 /// A numeric column that must be greater than 0.
-fn positive<T>(row: &Row, col: &str) -> Result<T, String>
+pub(crate) fn positive<T>(row: &Row, col: &str) -> Result<T, String>
 where
     T: std::str::FromStr + PartialOrd + Default,
     T::Err: std::fmt::Display,
@@ -480,7 +501,7 @@ where
 }
 
 /// The row's scenario: model and GPU from the catalog, cluster and training columns.
-fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, RowStatus> {
+pub(crate) fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, RowStatus> {
     let model = row.get("model");
     let Some(card) = catalog.model(model) else {
         return Err(RowStatus::UnknownPreset(format!(
@@ -528,7 +549,7 @@ fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, RowStatus> {
 }
 
 /// The row's layout, through the same deserializer as `spec.parallelism`.
-fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String> {
+pub(crate) fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String> {
     let mut obj = serde_json::Map::new();
     for col in header {
         if LAYOUT_COLUMNS.contains(&col.as_str()) {
@@ -548,6 +569,10 @@ fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String> {
     }
     obj.entry("gradReduceInFp32")
         .or_insert(serde_json::Value::Bool(ROW_GRAD_REDUCE_IN_FP32));
+    for col in ["attentionDropout", "hiddenDropout"] {
+        obj.entry(col)
+            .or_insert(serde_json::Value::from(ROW_DROPOUT));
+    }
     from_value_at(serde_json::Value::Object(obj), "column").map_err(|e| e.to_string())
 }
 
@@ -569,15 +594,19 @@ fn row_measurement(row: &Row) -> Result<(Metric, f64), String> {
 }
 
 /// A row's layout after the legality check, with the notes on what was adjusted.
-struct CheckedLayout {
-    layout: Layout,
-    verdict: Result<(), crate::layout::LayoutError>,
-    notes: Vec<String>,
+pub(crate) struct CheckedLayout {
+    pub(crate) layout: Layout,
+    pub(crate) verdict: Result<(), crate::layout::LayoutError>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// Check the layout; when its layers do not split evenly over the stages and the row gives
 /// no split of its own, retry with the embedding and the loss counted as one layer each.
-fn check_with_balanced_split(row: &Row, scenario: &Scenario, layout: Layout) -> CheckedLayout {
+pub(crate) fn check_with_balanced_split(
+    row: &Row,
+    scenario: &Scenario,
+    layout: Layout,
+) -> CheckedLayout {
     let card = &scenario.model;
     let mut notes = Vec::new();
     let explicit_split = ["pipelineLayout", "firstStageLayers", "lastStageLayers"]

@@ -30,11 +30,20 @@ fn scenario(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
     }
 }
 
-/// Korthikanti's regime: GELU MLP of 4h, multi-head attention, dropout, no flash attention.
+/// Korthikanti's regime: GELU MLP of 4h, multi-head attention, no flash attention, and
+/// dropout (the layout default, Megatron's 0.1).
 const PAPER: MemoryOptions = MemoryOptions {
     flash_attention: false,
-    dropout: true,
 };
+
+/// A layout without dropout (the Llama, Mixtral, Qwen, DeepSeek recipes).
+fn no_dropout(l: Layout) -> Layout {
+    Layout {
+        attention_dropout: primus_oracle::layout::Fraction::ZERO,
+        hidden_dropout: primus_oracle::layout::Fraction::ZERO,
+        ..l
+    }
+}
 
 fn tp_layout(tp: u32, sp: bool) -> Layout {
     Layout {
@@ -118,7 +127,6 @@ fn flash_attention_keeps_only_softmax_statistics() {
     let l = tp_layout(8, true);
     let flash = MemoryOptions {
         flash_attention: true,
-        dropout: true,
     };
     let got = layer_activation_bytes(&s, &l, &flash, LayerKind::Dense, Keep::All);
     let expected = (34.0 * S * B * H + 4.0 * A * S * B) / 8.0;
@@ -130,11 +138,13 @@ fn without_dropout_no_masks() {
     // No dropout: the two hidden masks (sbh each) go, and the score term keeps only the
     // softmax output 2as^2b (no mask as^2b, no dropped-out copy 2as^2b): sbh(32 + 2as/h).
     let s = gpt3();
-    let none = MemoryOptions {
-        flash_attention: false,
-        dropout: false,
-    };
-    let got = layer_activation_bytes(&s, &tp_layout(1, false), &none, LayerKind::Dense, Keep::All);
+    let got = layer_activation_bytes(
+        &s,
+        &no_dropout(tp_layout(1, false)),
+        &PAPER,
+        LayerKind::Dense,
+        Keep::All,
+    );
     assert_eq!(got, S * B * H * (32.0 + 2.0 * A * S / H));
 }
 
@@ -190,7 +200,7 @@ fn moe_layer_by_hand() {
     let s = scenario("mixtral-8x7b", "h100-sxm", 8, 4096, 8);
     let got = layer_activation_bytes(
         &s,
-        &tp_layout(1, false),
+        &no_dropout(tp_layout(1, false)),
         &MemoryOptions::default(),
         LayerKind::Moe,
         Keep::All,
@@ -320,12 +330,55 @@ fn stage_activations_compose_layers_and_inflight_microbatches() {
         st.activations_bytes,
         48.0 * layer + loss_side + logits + transient
     );
-    // Stage 0 holds min(pp - 0, m) = 2 micro-batches of its 48 layers.
+    // Stage 0 holds min(pp - 0, m) = 2 micro-batches of its 48 layers, and of each the
+    // embedding's hidden-dropout mask (1 byte per element, sequence-split: sbh/t).
     assert_eq!(r.stages[0].inflight_microbatches, 2);
+    let embedding_mask = S * B * H / t;
     assert_eq!(
         r.stages[0].activations_bytes,
-        2.0 * 48.0 * layer + transient
+        2.0 * 48.0 * layer + 2.0 * embedding_mask + transient
     );
+}
+
+#[test]
+fn gpt3_175b_stage0_reproduces_korthikantis_selective_figure() {
+    // Korthikanti et al. 2022, GPT-3 175B with tensor + sequence parallelism and selective
+    // recompute (t = 8, p = 8, L = 96, s = 2048, b = 1, h = 12288, dropout 0.1): the first
+    // stage holds p in-flight micro-batches x L/p layers = L layer-micro-batches of 34sbh/t,
+    // 34 * 2048 * 12288 * 96 / 8 = 10,267,656,192 bytes = 9.5625 GiB (9.56 GiB in the paper).
+    // The 34 include the two hidden-dropout masks (sbh each), which Megatron's default
+    // dropout keeps; without dropout the same stage holds 32/34 of it, 9.00 GiB.
+    let s = gpt3();
+    let l = Layout {
+        tp: 8,
+        pp: 8,
+        recompute: Recompute::Selective,
+        ..Layout::default()
+    };
+    let m = l.num_microbatches(&s) as u32;
+    let inflight = inflight_microbatches(&l, 0, m);
+    assert_eq!(inflight, 8);
+    let per_layer = layer_activation_bytes(&s, &l, &PAPER, LayerKind::Dense, Keep::Selective);
+    let layers = 96.0 / 8.0;
+    let stage0 = inflight as f64 * layers * per_layer;
+    assert_eq!(stage0, 10_267_656_192.0);
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    assert_eq!(stage0 / gib, 9.5625);
+    // The stage's activations are those layers, the embedding's dropout mask of each
+    // in-flight micro-batch (sbh/t), and the selective recompute's transient (one layer's
+    // attention scores, 5as^2b/t, rematerialised during its backward).
+    let r = estimate_with(&s, &l, &PAPER);
+    let t = 8.0;
+    let embedding_masks = 8.0 * S * B * H / t;
+    let transient = 5.0 * A * S * S * B / t;
+    assert_eq!(
+        r.stages[0].activations_bytes,
+        stage0 + embedding_masks + transient
+    );
+    // Without dropout (attentionDropout/hiddenDropout 0, what the Llama recipes set): 9.00 GiB.
+    let quiet = no_dropout(l);
+    let per_layer = layer_activation_bytes(&s, &quiet, &PAPER, LayerKind::Dense, Keep::Selective);
+    assert_eq!(inflight as f64 * layers * per_layer / gib, 9.0);
 }
 
 #[test]
@@ -452,12 +505,13 @@ fn peak_bytes_agrees_with_estimate() {
 
 #[test]
 fn runtime_reserve_separates_capacity_from_usable() {
-    // H100 profile: 80 GiB, reserve 2.35 GiB.
+    // H100 profile: 80 GiB, reserve 1.25 GiB (context, workspaces, hidden HBM; the
+    // communicator buffers are counted per layout).
     let s = scenario("llama3.1-8b", "h100-sxm", 8, 4096, 8);
     let r = estimate(&s, &Layout::default());
     let gib = 1024.0 * 1024.0 * 1024.0;
     assert_eq!(r.capacity_bytes, 80.0 * gib);
-    assert_eq!(r.usable_bytes, (80.0 - 2.35) * gib);
+    assert_eq!(r.usable_bytes, (80.0 - 1.25) * gib);
 }
 
 #[test]
@@ -473,7 +527,13 @@ fn fragmentation_is_the_profile_fraction_of_tensor_memory() {
         st.fragmentation_bytes,
         s.hardware.overheads.allocator_fragmentation * tensors
     );
-    assert_eq!(st.other_bytes, st.buffers_bytes + st.fragmentation_bytes);
+    assert_eq!(
+        st.other_bytes,
+        st.buffers_bytes + st.fragmentation_bytes + st.communicator_bytes
+    );
+    assert_eq!(st.allocated_bytes, tensors);
+    assert_eq!(st.reserved_bytes, tensors + st.fragmentation_bytes);
+    assert_eq!(st.total_bytes, st.reserved_bytes + st.communicator_bytes);
 }
 
 #[test]

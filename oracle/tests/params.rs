@@ -167,6 +167,44 @@ fn deepseek_v3() {
 }
 
 #[test]
+fn deepseek_v2_lite() {
+    // h 2048, 16 heads, MLA without q_lora, kv_lora 512, d_nope 128, d_rope 64, d_v 128.
+    // Attention: q 2048*16*192 = 6,291,456 + kv_a 2048*576 = 1,179,648 + kv_a norm 512 +
+    // kv_b 512*16*256 = 2,097,152 + o 16*128*2048 = 4,194,304 = 13,763,072. Norms 4,096.
+    // Dense layer (1): + 3*2048*10944 = 67,239,936 -> 81,007,104.
+    // MoE layer (26): 64 experts + 2 shared of 3*2048*1408 = 8,650,752 each = 570,949,632;
+    // router 64*2048 = 131,072 (softmax, no bias) -> 584,847,872.
+    // Total 81,007,104 + 26*584,847,872 + 2*102400*2048 + 2,048 = 15,706,484,224.
+    // Active MoE layer: 13,767,168 + 8*8,650,752 + 131,072 = 83,104,256; total active
+    // 81,007,104 + 26*83,104,256 + 419,430,400 + 2,048 = 2,661,150,208; without the
+    // embedding lookup 2,451,435,008 (DeepSeek's "2.4B activated").
+    let c = card("deepseek-v2-lite");
+    assert_eq!(c.layer_params(LayerKind::Dense).total(), 81_007_104);
+    assert_eq!(c.layer_params(LayerKind::Moe).total(), 584_847_872);
+    assert_eq!(c.total_params(), 15_706_484_224);
+    assert_eq!(c.active_params(), 2_661_150_208);
+    within(c.total_params(), 15.7e9, 0.02);
+    within(c.active_params_without_embedding_lookup(), 2.4e9, 0.025);
+}
+
+#[test]
+fn moonlight_16b_a3b() {
+    // DeepSeek-V2-Lite's shapes with a dense FFN of 11264, a sigmoid router with its
+    // correction bias (64), and vocabulary 163840.
+    // Dense layer: 13,763,072 + 4,096 + 3*2048*11264 = 69,206,016 -> 82,973,184.
+    // MoE layer: 13,763,072 + 4,096 + 570,949,632 + 131,072 + 64 = 584,847,936.
+    // Total 82,973,184 + 26*584,847,936 + 2*163840*2048 + 2,048 = 15,960,110,208 ("16B").
+    // Active: 82,973,184 + 26*83,104,320 + 671,088,640 + 2,048 = 2,914,776,192 ("3B").
+    let c = card("moonlight-16b-a3b");
+    assert_eq!(c.layer_params(LayerKind::Dense).total(), 82_973_184);
+    assert_eq!(c.layer_params(LayerKind::Moe).total(), 584_847_936);
+    assert_eq!(c.total_params(), 15_960_110_208);
+    assert_eq!(c.active_params(), 2_914_776_192);
+    within(c.total_params(), 16e9, 0.02);
+    within(c.active_params(), 3e9, 0.03);
+}
+
+#[test]
 fn gpt_oss_120b() {
     // h 2880, a 64, g 8, d 64, 128 experts of f 2880, top-4, V 201088, 36 layers, biases.
     // Attention: q 2880*4096 + 4096, k and v 2880*512 + 512 each, o 4096*2880 + 2880, sinks
@@ -230,7 +268,7 @@ fn gpt_1t() {
 fn every_preset_has_a_test() {
     let names = Catalog::builtin().unwrap().model_names().len();
     assert_eq!(
-        names, 15,
+        names, 17,
         "a new preset needs its own parameter-count test here"
     );
 }

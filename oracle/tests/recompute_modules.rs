@@ -122,9 +122,9 @@ fn mlp_recompute_in_korthikantis_regime() {
         tp: 8,
         ..Layout::default()
     };
+    // Megatron's default dropout (0.1) is the layout default.
     let paper = MemoryOptions {
         flash_attention: false,
-        dropout: true,
     };
     let got = kept(&s, &l, &paper, LayerKind::Dense, &[Mlp]);
     assert_eq!(got, sq * b * h * (16.0 + 5.0 * a * sq / h) / t);
@@ -610,6 +610,9 @@ fn scenario_of(c: &Catalog, header: &str, cells: &[String]) -> (Scenario, Layout
         micro_batch_size: num("microBatchSize"),
         recompute,
         recompute_modules: modules,
+        // As `primus validate` reads a published row: no dropout.
+        attention_dropout: primus_oracle::layout::Fraction::ZERO,
+        hidden_dropout: primus_oracle::layout::Fraction::ZERO,
         ..Layout::default()
     };
     l.check(&s).unwrap();

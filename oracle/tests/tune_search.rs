@@ -35,9 +35,11 @@ fn best_tps(r: &TuneResult) -> Option<f64> {
         .map(|b| b.projection.tokens_per_second_per_gpu)
 }
 
-/// The limit the pre-filter applies.
+/// The limit the pre-filter applies: the headroom's share of usable memory, widened by the
+/// memory model's measured over-prediction band for the kind of job (memory::band).
 fn limit(p: &Plan) -> f64 {
-    p.tuning.memory_headroom * p.scenario.hardware.usable_bytes()
+    let band = memory::Band::of(&p.scenario);
+    band.deny_above(p.tuning.memory_headroom * p.scenario.hardware.usable_bytes())
 }
 
 /// A brute-force loop over every value combination of the plan's allowed lists (no space

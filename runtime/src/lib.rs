@@ -7,5 +7,6 @@
 //! (it never logs, never talks TLS and has no flags).
 
 pub mod flags;
+pub mod http;
 pub mod logging;
 pub mod tls;

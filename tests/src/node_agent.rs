@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -104,8 +104,21 @@ fn now() -> serde_json::Value {
 
 impl NodeAgent {
     /// Start playing the kubelet for pods in `namespace` matching `selector` (a label selector,
-    /// e.g. `app.kubernetes.io/component=benchmark`).
+    /// e.g. `app.kubernetes.io/component=benchmark`); the processes use the test bed's admin
+    /// kubeconfig.
     pub fn start(tb: &TestBed, namespace: &str, selector: &str) -> NodeAgent {
+        NodeAgent::start_with(tb, &tb.kubeconfig, namespace, selector)
+    }
+
+    /// [`NodeAgent::start`], the processes acting with `process_kubeconfig` (e.g. a service
+    /// account's identity) while the agent itself, like a kubelet, reads pods and their
+    /// Secrets and writes pod status with the test bed's admin identity.
+    pub fn start_with(
+        tb: &TestBed,
+        process_kubeconfig: &Path,
+        namespace: &str,
+        selector: &str,
+    ) -> NodeAgent {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -124,7 +137,7 @@ impl NodeAgent {
             namespace: namespace.to_string(),
             selector: selector.to_string(),
             node: node.clone(),
-            kubeconfig: tb.kubeconfig.clone(),
+            kubeconfig: process_kubeconfig.to_path_buf(),
             primus: binary("primus"),
             logs: std::env::temp_dir().join(format!("primus-node-agent-{namespace}")),
         };
@@ -246,16 +259,25 @@ fn command_of(pod: &Pod, primus: &Path) -> Option<(String, Vec<String>, String)>
     Some((program, argv[1..].to_vec(), c.name.clone()))
 }
 
-/// The container's environment, with downward-API field references resolved.
-fn env_of(pod: &Pod, node: &str) -> Vec<(String, String)> {
+/// The container's environment, with downward-API field references and Secret keys resolved
+/// (a Secret is read with the agent's client, as a kubelet would; a missing one fails the pod
+/// like a kubelet's CreateContainerConfigError).
+async fn env_of(
+    pod: &Pod,
+    node: &str,
+    secrets: &Api<Secret>,
+) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     let Some(c) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
-        return out;
+        return Ok(out);
     };
     for e in c.env.clone().unwrap_or_default() {
         if let Some(v) = e.value {
             out.push((e.name, v));
-        } else if let Some(f) = e.value_from.and_then(|v| v.field_ref) {
+            continue;
+        }
+        let Some(from) = e.value_from else { continue };
+        if let Some(f) = from.field_ref {
             let v = match f.field_path.as_str() {
                 "spec.nodeName" => node.to_string(),
                 "metadata.name" => pod.metadata.name.clone().unwrap_or_default(),
@@ -263,9 +285,22 @@ fn env_of(pod: &Pod, node: &str) -> Vec<(String, String)> {
                 _ => continue,
             };
             out.push((e.name, v));
+        } else if let Some(k) = from.secret_key_ref {
+            let secret = secrets
+                .get_opt(&k.name)
+                .await
+                .map_err(|err| format!("secret {}: {err}", k.name))?;
+            let value = secret
+                .and_then(|s| s.data)
+                .and_then(|d| d.get(&k.key).map(|b| b.0.clone()));
+            match value {
+                Some(v) => out.push((e.name, String::from_utf8_lossy(&v).into_owned())),
+                None if k.optional == Some(true) => {}
+                None => return Err(format!("secret {} has no key {}", k.name, k.key)),
+            }
         }
     }
-    out
+    Ok(out)
 }
 
 async fn patch_status(pods: &Api<Pod>, name: &str, status: serde_json::Value) {
@@ -287,29 +322,50 @@ fn tail(path: &Path, max: usize) -> String {
     text[s..].trim().to_string()
 }
 
+/// What the agent runs for a pod: the program, its arguments and environment, the container's
+/// name and image, and the deadline.
+struct Launch {
+    program: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    container: String,
+    image: String,
+    deadline: Duration,
+}
+
+/// The pod's launch, or the reason the pod fails before it starts.
+async fn launch_of(pod: &Pod, cfg: &Config, secrets: &Api<Secret>) -> Result<Launch, &'static str> {
+    let (program, args, container) = command_of(pod, &cfg.primus).ok_or("NoCommand")?;
+    let env = env_of(pod, &cfg.node, secrets)
+        .await
+        .map_err(|_| "CreateContainerConfigError")?;
+    let spec = pod.spec.as_ref();
+    Ok(Launch {
+        program,
+        args,
+        env,
+        container,
+        image: spec
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default(),
+        deadline: spec
+            .and_then(|s| s.active_deadline_seconds)
+            .map(|s| Duration::from_secs(s.max(0) as u64))
+            .unwrap_or(Duration::from_secs(600)),
+    })
+}
+
 async fn run_pod(pods: Api<Pod>, cfg: Arc<Config>, shared: Arc<Shared>, pod: Pod, policy: Policy) {
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let Some((program, args, container)) = command_of(&pod, &cfg.primus) else {
-        patch_status(
-            &pods,
-            &name,
-            json!({"phase": "Failed", "reason": "NoCommand"}),
-        )
-        .await;
-        return;
+    let secrets: Api<Secret> = Api::namespaced(pods.clone().into_client(), &cfg.namespace);
+    let l = match launch_of(&pod, &cfg, &secrets).await {
+        Ok(l) => l,
+        Err(reason) => {
+            let status = json!({"phase": "Failed", "reason": reason});
+            return patch_status(&pods, &name, status).await;
+        }
     };
-    let image = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default();
-    let deadline = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.active_deadline_seconds)
-        .map(|s| Duration::from_secs(s.max(0) as u64))
-        .unwrap_or(Duration::from_secs(600));
     let started_at = now();
     patch_status(
         &pods,
@@ -318,21 +374,50 @@ async fn run_pod(pods: Api<Pod>, cfg: Arc<Config>, shared: Arc<Shared>, pod: Pod
             "phase": "Running",
             "startTime": started_at,
             "containerStatuses": [{
-                "name": container, "image": image, "imageID": "", "ready": true,
+                "name": l.container, "image": l.image, "imageID": "", "ready": true,
                 "restartCount": 0, "started": true,
                 "state": {"running": {"startedAt": started_at}},
             }],
         }),
     )
     .await;
-
     let log = cfg.logs.join(format!("{name}.log"));
-    let out = std::fs::File::create(&log).ok();
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&args)
+    let (code, reason) = execute(&l, &cfg, &shared, &name, &log, policy).await;
+    let phase = if code == 0 { "Succeeded" } else { "Failed" };
+    let mut status = json!({
+        "phase": phase,
+        "containerStatuses": [{
+            "name": l.container, "image": l.image, "imageID": "", "ready": false,
+            "restartCount": 0, "started": false,
+            "state": {"terminated": {
+                "exitCode": code, "reason": reason, "message": tail(&log, 1024),
+                "startedAt": started_at, "finishedAt": now(),
+            }},
+        }],
+    });
+    if reason == "DeadlineExceeded" {
+        status["reason"] = json!("DeadlineExceeded");
+        status["message"] = json!("Pod was active on the node longer than the specified deadline");
+    }
+    patch_status(&pods, &name, status).await;
+}
+
+/// Run the pod's process (recorded in the agent's runs) until it exits, is killed or passes its
+/// deadline: its exit code and the container's terminated reason.
+async fn execute(
+    l: &Launch,
+    cfg: &Config,
+    shared: &Shared,
+    name: &str,
+    log: &Path,
+    policy: Policy,
+) -> (i32, &'static str) {
+    let out = std::fs::File::create(log).ok();
+    let mut cmd = tokio::process::Command::new(&l.program);
+    cmd.args(&l.args)
         .env("KUBECONFIG", &cfg.kubeconfig)
         .env("NODE_NAME", &cfg.node)
-        .envs(env_of(&pod, &cfg.node))
+        .envs(l.env.iter().cloned())
         .stdin(Stdio::null())
         .kill_on_drop(true);
     match out.and_then(|f| f.try_clone().ok().map(|g| (f, g))) {
@@ -347,11 +432,11 @@ async fn run_pod(pods: Api<Pod>, cfg: Arc<Config>, shared: Arc<Shared>, pod: Pod
     let index = {
         let mut runs = shared.runs.lock().unwrap_or_else(|e| e.into_inner());
         runs.push(Run {
-            pod: name.clone(),
+            pod: name.to_string(),
             started,
             finished: None,
             exit_code: None,
-            log: log.clone(),
+            log: log.to_path_buf(),
         });
         runs.len() - 1
     };
@@ -360,18 +445,17 @@ async fn run_pod(pods: Api<Pod>, cfg: Arc<Config>, shared: Arc<Shared>, pod: Pod
         .kills
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(name.clone(), kill.clone());
+        .insert(name.to_string(), kill.clone());
     if policy == Policy::Kill {
         kill.notify_one();
     }
-
     let (code, reason) = match cmd.spawn() {
         Err(e) => {
-            let _ = std::fs::write(&log, format!("cannot start {program}: {e}\n"));
+            let _ = std::fs::write(log, format!("cannot start {}: {e}\n", l.program));
             (127, "StartError")
         }
         Ok(mut child) => {
-            let remaining = deadline.saturating_sub(started.elapsed());
+            let remaining = l.deadline.saturating_sub(started.elapsed());
             tokio::select! {
                 status = child.wait() => match status {
                     Ok(s) => match s.code() {
@@ -392,34 +476,15 @@ async fn run_pod(pods: Api<Pod>, cfg: Arc<Config>, shared: Arc<Shared>, pod: Pod
             }
         }
     };
-    let finished = Instant::now();
     shared
         .kills
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&name);
-    {
-        let mut runs = shared.runs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = runs.get_mut(index) {
-            r.finished = Some(finished);
-            r.exit_code = Some(code);
-        }
+        .remove(name);
+    let mut runs = shared.runs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = runs.get_mut(index) {
+        r.finished = Some(Instant::now());
+        r.exit_code = Some(code);
     }
-    let phase = if code == 0 { "Succeeded" } else { "Failed" };
-    let mut status = json!({
-        "phase": phase,
-        "containerStatuses": [{
-            "name": container, "image": image, "imageID": "", "ready": false,
-            "restartCount": 0, "started": false,
-            "state": {"terminated": {
-                "exitCode": code, "reason": reason, "message": tail(&log, 1024),
-                "startedAt": started_at, "finishedAt": now(),
-            }},
-        }],
-    });
-    if reason == "DeadlineExceeded" {
-        status["reason"] = json!("DeadlineExceeded");
-        status["message"] = json!("Pod was active on the node longer than the specified deadline");
-    }
-    patch_status(&pods, &name, status).await;
+    (code, reason)
 }

@@ -3,10 +3,13 @@
 //! manifests applied with `kubectl apply --dry-run=server` to the real test bed, the values
 //! schema rejecting bad values with a message naming them, the CRD copies, and (in the
 //! submodules) the RBAC against the code's API calls, the Prometheus rules under `promtool test
-//! rules` and the Argo CD health check under `lua5.1`.
+//! rules`, the Grafana dashboard's queries against the exported metrics, the Argo CD health check under `lua5.1`, the webhook under the chart's arguments and
+//! two replicas rotating their shared CA; and docs/install.md's first example on a bare cluster.
 
 #[path = "chart/argocd.rs"]
 mod argocd;
+#[path = "chart/dashboard.rs"]
+mod dashboard;
 #[path = "chart/fixtures.rs"]
 mod fixtures;
 #[path = "chart/helm.rs"]
@@ -19,6 +22,8 @@ mod rbac;
 mod rbac_scan;
 #[path = "chart/render.rs"]
 mod render;
+#[path = "chart/rotation.rs"]
+mod rotation;
 #[path = "chart/webhook.rs"]
 mod webhook;
 
@@ -99,15 +104,18 @@ fn the_values_schema_rejects_bad_values_naming_them() {
             &["--set", "webhook.tls.certManager.issuerRef.kind=Vault"],
             "webhook.tls.certManager.issuerRef.kind",
         ),
+        (
+            &["--set", "webhook.tls.selfSigned.certValidityDays=0"],
+            "webhook.tls.selfSigned.certValidityDays",
+        ),
         // Rules the schema cannot express fail in the templates, naming the values too.
         (
-            &[
-                "--set",
-                "webhook.tls.mode=selfSigned",
-                "--set",
-                "webhook.replicas=2",
-            ],
-            "webhook.replicas=2",
+            &["--set", "webhook.tls.selfSigned.caValidityDays=200"],
+            "webhook.tls.selfSigned.caValidityDays=200",
+        ),
+        (
+            &["--set", "webhook.tls.selfSigned.reloadSeconds=3000"],
+            "webhook.tls.selfSigned.reloadSeconds=3000",
         ),
         (
             &["--set", "webhook.tls.mode=secret"],
@@ -144,7 +152,12 @@ fn the_values_schema_rejects_bad_values_naming_them() {
     for ok in [
         &["--set", "webhook.headroom=0.85"][..],
         &["--set", "metrics.prometheusRule.driftTolerance=0.2"],
-        &["--set", "webhook.tls.mode=selfSigned"],
+        &[
+            "--set",
+            "webhook.tls.mode=selfSigned",
+            "--set",
+            "webhook.replicas=3",
+        ],
         &[
             "--set",
             "webhook.budgetSeconds=1.5",
@@ -240,9 +253,28 @@ fn rendered_manifests_apply_to_the_test_bed_with_server_dry_run() {
         helm.render(RELEASE, &ns.name, &a)
     };
 
-    // Default values. cert-manager's kinds are not served by the test bed: checked for shape
-    // above, skipped here (and only they).
+    // Default values: nothing the test bed (a bare cluster) does not serve.
     let r: Rendered = with_caps(&[]);
+    assert_eq!(
+        r.get("PodDisruptionBudget", &format!("{FULL}-webhook"))["apiVersion"],
+        "policy/v1beta1"
+    );
+    let out = dry_run_apply(&k, &ns.name, &r.without(&[]), "default values");
+    for want in [
+        "customresourcedefinition.apiextensions.k8s.io/trainingplans.primus.dev",
+        "clusterrole.rbac.authorization.k8s.io/primus-primus-projection-operator",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/primus-primus-projection",
+        "deployment.apps/primus-primus-projection-webhook",
+        "poddisruptionbudget.policy/primus-primus-projection-webhook",
+        "secret/primus-primus-projection-webhook-certs",
+        "role.rbac.authorization.k8s.io/primus-primus-projection-webhook",
+    ] {
+        assert!(out.contains(want), "dry run did not report {want}:\n{out}");
+    }
+
+    // cert-manager mode: its kinds are not served by the test bed (checked for shape in
+    // render.rs), skipped here, and only they.
+    let r = with_caps(&["--set", "webhook.tls.mode=certManager"]);
     let skipped = ["Certificate", "Issuer"];
     assert_eq!(
         r.objects
@@ -251,20 +283,7 @@ fn rendered_manifests_apply_to_the_test_bed_with_server_dry_run() {
             .count(),
         4
     );
-    assert_eq!(
-        r.get("PodDisruptionBudget", &format!("{FULL}-webhook"))["apiVersion"],
-        "policy/v1beta1"
-    );
-    let out = dry_run_apply(&k, &ns.name, &r.without(&skipped), "default values");
-    for want in [
-        "customresourcedefinition.apiextensions.k8s.io/trainingplans.primus.dev",
-        "clusterrole.rbac.authorization.k8s.io/primus-primus-projection-operator",
-        "validatingwebhookconfiguration.admissionregistration.k8s.io/primus-primus-projection",
-        "deployment.apps/primus-primus-projection-webhook",
-        "poddisruptionbudget.policy/primus-primus-projection-webhook",
-    ] {
-        assert!(out.contains(want), "dry run did not report {want}:\n{out}");
-    }
+    dry_run_apply(&k, &ns.name, &r.without(&skipped), "certManager mode");
 
     // Everything non-default (self-signed webhook, one watched namespace with benchmark
     // accounts, the kubeflow CRD, extra profiles), rendered for this namespace.
@@ -455,6 +474,77 @@ fn helm_install_dry_run_on_the_test_bed_uses_its_capabilities_and_the_schema() {
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("webhook.failurePolicy"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The `helm install` command of the first `sh` block of docs/install.md, as arguments.
+fn first_install_example() -> Vec<String> {
+    let doc = repo_file("docs/install.md");
+    let block = doc
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a ```sh block in docs/install.md");
+    let command = block
+        .replace("\\\n", " ")
+        .lines()
+        .find(|l| l.trim_start().starts_with("helm install"))
+        .expect("a `helm install` line in the first sh block of docs/install.md")
+        .to_string();
+    command
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.trim_matches('\'').trim_matches('"').to_string())
+        .collect()
+}
+
+#[test]
+fn the_first_install_example_of_the_docs_works_on_a_bare_cluster() {
+    // The test bed serves nothing but Kubernetes itself (and the CRDs of this project): no
+    // cert-manager, no Prometheus Operator. The documented command must install there as
+    // written; Helm's server dry run maps every rendered kind against the API server.
+    let Some(tb) = testbed!() else { return };
+    let Some(helm) = Helm::find(module_path!()) else {
+        return;
+    };
+    let chart = chart_dir();
+    let kubeconfig = tb.kubeconfig.to_str().unwrap().to_string();
+    let example = first_install_example();
+    assert!(
+        example.iter().any(|a| a == "charts/primus-projection"),
+        "{example:?}"
+    );
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&str> = example
+            .iter()
+            .map(|a| match a.as_str() {
+                "charts/primus-projection" => chart.to_str().unwrap(),
+                other => other,
+            })
+            .collect();
+        args.extend(["--kubeconfig", &kubeconfig, "--dry-run=server"]);
+        args.extend_from_slice(extra);
+        helm.run(&args)
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "docs/install.md's first example fails on a bare cluster:\n{}",
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(text.contains("certificates: selfSigned"), "{text}");
+    assert!(
+        !text.contains("cert-manager.io"),
+        "the default renders cert-manager objects"
+    );
+    // The test can fail: the cert-manager mode (the default before) cannot install here.
+    let out = run(&["--set", "webhook.tls.mode=certManager"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("no matches for kind \"Certificate\""),
         "{}",
         stderr(&out)
     );

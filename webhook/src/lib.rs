@@ -9,10 +9,13 @@
 
 pub mod admission;
 pub mod bounds;
+pub mod ca_secret;
 pub mod client;
 pub mod gpu;
 pub mod metrics;
+pub mod pki;
 pub mod pytorchjob;
+pub mod rotation;
 pub mod server;
 pub mod suggest;
 pub mod tls;

@@ -1,8 +1,8 @@
 //! Prometheus metrics of the webhook (text exposition on `/metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The webhook's metrics, registered in their own registry.
@@ -13,8 +13,13 @@ pub struct Metrics {
     pub admissions: IntCounterVec,
     /// Time from the request's arrival to its answer, by kind.
     pub latency: HistogramVec,
-    /// Serving certificate reloads from disk, by result (`ok`, `error`).
+    /// Serving certificate reloads (from the files or the shared Secret), by result (`ok`, `error`).
     pub cert_reloads: IntCounterVec,
+    /// Writes of the shared certificate Secret by this replica, by step (self-signed mode).
+    pub cert_rotations: IntCounterVec,
+    /// Expiry (Unix seconds) of the certificate served (`serving`) and of the CA that signed
+    /// it (`ca`, self-signed mode).
+    pub cert_expiry: IntGaugeVec,
     /// TLS handshakes that failed or timed out.
     pub tls_errors: IntCounter,
     /// Connections being served.
@@ -57,9 +62,23 @@ impl Metrics {
         let cert_reloads = IntCounterVec::new(
             Opts::new(
                 "primus_webhook_certificate_reloads_total",
-                "Serving certificate reloads from disk, by result",
+                "Serving certificate reloads (from the files or the shared Secret), by result",
             ),
             &["result"],
+        )?;
+        let cert_rotations = IntCounterVec::new(
+            Opts::new(
+                "primus_webhook_certificate_rotations_total",
+                "Writes of the shared certificate Secret by this replica, by step (create, restore, renew-serving, stage-ca, promote-ca, retire-ca)",
+            ),
+            &["step"],
+        )?;
+        let cert_expiry = IntGaugeVec::new(
+            Opts::new(
+                "primus_webhook_certificate_expiry_timestamp_seconds",
+                "Expiry of the serving certificate (certificate=serving) and of its CA (certificate=ca), Unix seconds",
+            ),
+            &["certificate"],
         )?;
         let tls_errors = IntCounter::new(
             "primus_webhook_tls_handshake_errors_total",
@@ -73,6 +92,8 @@ impl Metrics {
         registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(cert_reloads.clone()))?;
+        registry.register(Box::new(cert_rotations.clone()))?;
+        registry.register(Box::new(cert_expiry.clone()))?;
         registry.register(Box::new(tls_errors.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(ready.clone()))?;
@@ -81,6 +102,8 @@ impl Metrics {
             admissions,
             latency,
             cert_reloads,
+            cert_rotations,
+            cert_expiry,
             tls_errors,
             connections,
             ready,

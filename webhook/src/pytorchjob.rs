@@ -16,7 +16,7 @@ use primus_crds::annotations;
 use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::FieldError;
 use primus_oracle::layout::Layout;
-use primus_oracle::megatron::{MegatronArgs, flag};
+use primus_oracle::megatron::{ALLOC_CONF_ENV, MegatronArgs, expandable_segments_in, flag};
 use primus_oracle::model::ModelCard;
 use primus_oracle::parse::from_value_at;
 use primus_oracle::profiles::Catalog;
@@ -46,6 +46,10 @@ pub struct DerivedJob {
     /// Things worth telling the user although the job could be derived (e.g. a GPU kind
     /// inferred from the resource name alone).
     pub notes: Vec<String>,
+    /// Memory-relevant flags of the job the memory model does not model, with what each
+    /// changes ([`primus_oracle::megatron::UNMODELLED_MEMORY_FLAGS`]): the job is never denied on
+    /// memory while it carries one.
+    pub unmodelled: Vec<(String, &'static str)>,
 }
 
 /// Why a job could not be derived.
@@ -112,6 +116,22 @@ fn container_words(c: &Container) -> Vec<&str> {
         words.extend(e.value.as_deref());
     }
     words
+}
+
+/// Whether the container's environment turns PyTorch's expandable segments on or off
+/// (`PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_HIP_ALLOC_CONF`, `PYTORCH_ALLOC_CONF`; the last one
+/// that mentions them wins, as the names are read in that order).
+fn expandable_segments_env(c: &Container) -> Option<bool> {
+    let env = c.env.as_ref()?;
+    ALLOC_CONF_ENV
+        .iter()
+        .filter_map(|name| {
+            env.iter()
+                .find(|e| e.name == *name)
+                .and_then(|e| e.value.as_deref())
+                .and_then(expandable_segments_in)
+        })
+        .next_back()
 }
 
 /// GPUs a container asks for: (resource name, count) from limits, else requests.
@@ -199,6 +219,18 @@ pub fn flag_for_field(field: &str) -> Option<&'static str> {
         "firstStageLayers" => flag::FIRST_STAGE_LAYERS,
         "lastStageLayers" => flag::LAST_STAGE_LAYERS,
         "pipelineLayout" => "--pipeline-model-parallel-layout",
+        "attentionDropout" => flag::ATTENTION_DROPOUT,
+        "hiddenDropout" => flag::HIDDEN_DROPOUT,
+        "precisionAwareOptimizer" => flag::PRECISION_AWARE_OPTIMIZER,
+        "mainGradsDtype" => flag::MAIN_GRADS_DTYPE,
+        "mainParamsDtype" => flag::MAIN_PARAMS_DTYPE,
+        "expAvgDtype" => flag::EXP_AVG_DTYPE,
+        "expAvgSqDtype" => flag::EXP_AVG_SQ_DTYPE,
+        "optimizerCpuOffload" => flag::OPTIMIZER_CPU_OFFLOAD,
+        "optimizerOffloadFraction" => flag::OPTIMIZER_OFFLOAD_FRACTION,
+        "activationOffloadLayers" => flag::CPU_OFFLOADING_NUM_LAYERS,
+        "fp8ParamGather" => flag::FP8_PARAM_GATHER,
+        "expandableSegments" => "env PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF",
         "spec.training.globalBatchSize" => flag::GBS,
         "spec.training.seqLength" => flag::SEQ,
         "spec.cluster.gpus" => "world size (replicas x nprocPerNode)",
@@ -296,7 +328,17 @@ pub fn derive_spec(
     let pods: Vec<&PodSpec> = replicas.iter().filter_map(|r| r.pod_spec).collect();
     let gpu = gpu::gpu_kind(&pods, annotations, world.resource.as_deref(), catalog)
         .map_err(|m| missing.push(m));
-    let (layout, layout_source) = layout_of(&args, annotations, model.as_ref().ok())?;
+    let (mut layout, layout_source) = layout_of(&args, annotations, model.as_ref().ok())?;
+    if layout_source == LayoutSource::Flags
+        && let (Some(l), Some(on)) = (
+            layout.as_mut(),
+            primary
+                .and_then(|r| r.container)
+                .and_then(expandable_segments_env),
+        )
+    {
+        l.expandable_segments = on;
+    }
 
     if !missing.is_empty() {
         return Err(DeriveError::Missing(missing));
@@ -330,6 +372,7 @@ pub fn derive_spec(
         layout_source,
         gpu_source: gpu.source,
         notes: gpu.note.into_iter().collect(),
+        unmodelled: args.unmodelled_memory_flags(),
     })
 }
 

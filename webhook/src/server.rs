@@ -38,6 +38,9 @@ pub struct State {
     pub max_body_bytes: u64,
     /// Time budget of one admission (well under the webhook's `timeoutSeconds`).
     pub budget: Duration,
+    /// Admissions evaluated at once (`--max-in-flight`); a review beyond it is answered at
+    /// once with HTTP 429, and the API server applies the webhook's failurePolicy.
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl State {
@@ -165,6 +168,48 @@ pub fn admit(state: &State, ep: Endpoint, body: &[u8], started: Instant) -> Resp
     json_response(reply.status, reply.body)
 }
 
+/// Answer one review within the concurrency limit: on a blocking thread (the evaluation is
+/// CPU work; the async workers stay free for probes and other connections) when a slot is
+/// free, else at once with HTTP 429 (`overloaded`), so the API server applies failurePolicy
+/// instead of waiting while reviews pile up.
+pub async fn admit_bounded(
+    state: Arc<State>,
+    ep: Endpoint,
+    body: Bytes,
+    started: Instant,
+) -> Response<Vec<u8>> {
+    let Ok(permit) = state.slots.clone().try_acquire_owned() else {
+        state
+            .metrics
+            .admissions
+            .with_label_values(&["unknown", "error", "overloaded"])
+            .inc();
+        tracing::warn!("too many admission reviews in flight; answering 429");
+        let mut r = text_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many admission reviews in flight; the API server applies the failure policy\n"
+                .into(),
+        );
+        r.headers_mut().insert(
+            warp::http::header::RETRY_AFTER,
+            warp::http::HeaderValue::from_static("1"),
+        );
+        return r;
+    };
+    let s = state.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        admit(&s, ep, &body, started)
+    });
+    match work.await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "an admission review panicked");
+            text_response(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n".into())
+        }
+    }
+}
+
 /// `/healthz`, `/readyz` and `/metrics`.
 fn ops(
     state: Arc<State>,
@@ -220,9 +265,9 @@ pub fn routes(
         .and(warp::post())
         .and(body_limited(state.max_body_bytes))
         .and(with_state)
-        .map(
+        .then(
             |started: Instant, ep: Endpoint, body: Bytes, state: Arc<State>| {
-                admit(&state, ep, &body, started)
+                admit_bounded(state, ep, body, started)
             },
         );
     let recover_state = state.clone();
@@ -379,32 +424,17 @@ pub async fn serve_tls(
     }
 }
 
-/// Serve `/healthz`, `/readyz` and `/metrics` over plain HTTP (for scrapers without the CA)
-/// until `shutdown`.
+/// Serve `/healthz`, `/readyz` and `/metrics` over plain HTTP/1.1 (for scrapers without the
+/// CA) until `shutdown`; a request's headers must arrive within `header_timeout`
+/// ([`primus_runtime::http::HEADER_READ_TIMEOUT`] in the binary).
 pub async fn serve_plain(
     listener: TcpListener,
     state: Arc<State>,
+    header_timeout: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
-    let filter = ops_routes(state);
-    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue; }
-            },
-            () = &mut shutdown => break,
-        };
-        let service = TowerToHyperService::new(warp::service(filter.clone()));
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    let service = TowerToHyperService::new(warp::service(ops_routes(state)));
+    primus_runtime::http::serve_plain(listener, service, header_timeout, shutdown).await;
 }
 
 /// Bind a TCP listener.

@@ -42,6 +42,14 @@ pub enum TlsError {
     },
     #[error("generating the self-signed certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error("certificate: {0}")]
+    BadCertificate(String),
+    #[error("Secret {name}: {source}")]
+    Secret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("ValidatingWebhookConfiguration {name}: {source}")]
     Kube {
         name: String,

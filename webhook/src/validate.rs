@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use primus_crds::annotations;
 use primus_crds::pytorchjob::{PyTorchJobSpec, from_json_at};
 use primus_oracle::layout::Layout;
-use primus_oracle::memory;
+use primus_oracle::memory::{self, Band, Verdict as MemoryVerdict};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::scenario::Scenario;
 use primus_oracle::units::gib;
@@ -20,10 +20,17 @@ use crate::suggest;
 pub enum Reason {
     /// The predicted peak fits below the headroom.
     Fits,
-    /// The predicted peak fits, but within the headroom: allowed with a warning.
+    /// The predicted peak fits, but within the headroom or the error band of usable memory:
+    /// allowed with a warning.
     Headroom,
-    /// The predicted peak exceeds usable memory: denied.
+    /// The predicted peak exceeds usable memory, but by less than the model's error band:
+    /// allowed with a warning.
+    WithinBand,
+    /// The predicted peak exceeds usable memory by more than the model's error band: denied.
     Oom,
+    /// The predicted peak exceeds usable memory by more than the band, but the job carries a
+    /// memory-relevant flag the model does not model: allowed with a warning naming it.
+    Unmodelled,
     /// Model, GPU, training settings or world size could not be derived.
     Underivable,
     /// A field of the job is wrong (a flag value, an annotation, an illegal layout).
@@ -53,7 +60,9 @@ impl Reason {
         match self {
             Reason::Fits => "fits",
             Reason::Headroom => "headroom",
+            Reason::WithinBand => "within-band",
             Reason::Oom => "oom",
+            Reason::Unmodelled => "unmodelled",
             Reason::Underivable => "underivable",
             Reason::InvalidJob => "invalid-job",
             Reason::Skipped => "skipped",
@@ -295,7 +304,10 @@ impl Validator {
         v
     }
 
-    /// Project a derived job and decide.
+    /// Project a derived job and decide: deny only when the prediction exceeds usable memory
+    /// by more than the model's measured error band for the job's kind
+    /// ([`primus_oracle::memory::band`]), and never for a job carrying a memory-relevant flag
+    /// the model does not model; warn between the band and the headroom.
     pub fn judge(&self, job: &DerivedJob, deadline: Instant) -> Verdict {
         let s = &job.scenario;
         let m = self.project(job);
@@ -307,72 +319,167 @@ impl Validator {
             ));
             return v;
         }
-        let usable = m.usable_bytes;
-        let soft = self.settings.headroom * usable;
+        let band = Band::of(s);
+        let verdict =
+            MemoryVerdict::of(m.peak_bytes, m.usable_bytes, self.settings.headroom, &band);
         let search_deadline = deadline.min(Instant::now() + self.settings.suggest_budget);
+        let mut v = match verdict {
+            MemoryVerdict::Exceeds if job.unmodelled.is_empty() => {
+                self.deny_oom(s, &job.layout, &m, &band, search_deadline)
+            }
+            MemoryVerdict::Exceeds => self.admit_unmodelled(s, &m, &band, &job.unmodelled),
+            MemoryVerdict::WithinBand => {
+                self.warn_within_band(s, &job.layout, &m, &band, search_deadline)
+            }
+            MemoryVerdict::AtRisk => self.warn_headroom(s, &job.layout, &m, &band, search_deadline),
+            MemoryVerdict::Fits => Verdict::allow(Reason::Fits),
+        };
+        if verdict != MemoryVerdict::Exceeds {
+            for (flag, what) in &job.unmodelled {
+                v = v.warn(format!(
+                    "primus: the job sets {flag} ({what}), which the memory model does not model: the prediction may be off"
+                ));
+            }
+        }
+        for n in &job.notes {
+            v = v.warn(one_line(&format!("primus: {n}")));
+        }
+        v.audit = Self::audit(job, &m, &band);
+        v
+    }
+
+    /// Audit annotations of a decision.
+    fn audit(job: &DerivedJob, m: &MemoryCheck, band: &Band) -> BTreeMap<String, String> {
         let mut audit = BTreeMap::new();
         audit.insert("predicted-gib".to_string(), gib1(m.peak_bytes));
-        audit.insert("usable-gib".to_string(), gib1(usable));
+        audit.insert("usable-gib".to_string(), gib1(m.usable_bytes));
+        audit.insert("error-band".to_string(), band.describe());
         audit.insert("layout".to_string(), job.layout.label());
-        audit.insert("gpu".to_string(), s.hardware.name.clone());
+        audit.insert("gpu".to_string(), job.scenario.hardware.name.clone());
         let from = match job.layout_source {
             LayoutSource::Annotation => "annotation",
             LayoutSource::Flags => "flags",
         };
         audit.insert("layout-source".to_string(), from.to_string());
-        let mut v = if m.peak_bytes > usable {
-            let out = self.suggestions(s, &job.layout, soft, search_deadline);
-            let fix = if out.suggestions.is_empty() {
-                format!(
-                    "no layout within two flag changes fits ({} searched{}): use more GPUs or GPUs with more memory",
-                    out.evaluated,
-                    if out.timed_out {
-                        ", search budget spent"
-                    } else {
-                        ""
-                    }
-                )
-            } else {
-                format!("fits with {}", Self::suggestion_text(&out))
-            };
-            Verdict::deny(
-                Reason::Oom,
-                403,
-                format!(
-                    "predicted {} GiB on pipeline stage {} > {} GiB usable on {} {}; {fix}",
-                    gib1(m.peak_bytes),
-                    m.stage,
-                    gib1(usable),
-                    gpu_name(s),
-                    Self::breakdown(&m),
-                ),
+        audit
+    }
+
+    /// Over usable by more than the band: denied, with the nearest layouts that fit.
+    fn deny_oom(
+        &self,
+        s: &Scenario,
+        l: &Layout,
+        m: &MemoryCheck,
+        band: &Band,
+        deadline: Instant,
+    ) -> Verdict {
+        let out = self.suggestions(s, l, self.settings.headroom * m.usable_bytes, deadline);
+        let fix = if out.suggestions.is_empty() {
+            format!(
+                "no layout within two flag changes fits ({} searched{}): use more GPUs or GPUs with more memory",
+                out.evaluated,
+                if out.timed_out {
+                    ", search budget spent"
+                } else {
+                    ""
+                }
             )
-        } else if m.peak_bytes > soft {
-            let out = self.suggestions(s, &job.layout, soft, search_deadline);
-            let more = match out.suggestions.first() {
-                Some(sg) => format!(
-                    "; more room with {} ({} GiB)",
-                    sg.flags(),
-                    gib1(sg.peak_bytes)
-                ),
-                None => String::new(),
-            };
-            Verdict::allow(Reason::Headroom).warn(format!(
-                "primus: predicted {} GiB on pipeline stage {} is within {:.0}% of the {} GiB usable on {}: fragmentation or a longer sequence may OOM{more}",
+        } else {
+            format!("fits with {}", Self::suggestion_text(&out))
+        };
+        Verdict::deny(
+            Reason::Oom,
+            403,
+            format!(
+                "predicted {} GiB on pipeline stage {} > {} GiB usable on {} {}, beyond the memory model's measured error band {} (denied above {} GiB); {fix}",
                 gib1(m.peak_bytes),
                 m.stage,
-                (1.0 - self.settings.headroom) * 100.0,
-                gib1(usable),
+                gib1(m.usable_bytes),
                 gpu_name(s),
-            ))
-        } else {
-            Verdict::allow(Reason::Fits)
-        };
-        for n in &job.notes {
-            v = v.warn(one_line(&format!("primus: {n}")));
+                Self::breakdown(m),
+                band.describe(),
+                gib1(band.deny_above(m.usable_bytes)),
+            ),
+        )
+    }
+
+    /// Over usable by more than the band, but with a flag the model does not model: admitted.
+    fn admit_unmodelled(
+        &self,
+        s: &Scenario,
+        m: &MemoryCheck,
+        band: &Band,
+        unmodelled: &[(String, &'static str)],
+    ) -> Verdict {
+        let flags: Vec<String> = unmodelled
+            .iter()
+            .map(|(f, what)| format!("{f} ({what})"))
+            .collect();
+        Verdict::allow(Reason::Unmodelled).warn(format!(
+            "primus: predicted {} GiB on pipeline stage {} > {} GiB usable on {}, beyond the error band {}, but the job sets {}, which the memory model does not model: admitted; it may run out of memory",
+            gib1(m.peak_bytes),
+            m.stage,
+            gib1(m.usable_bytes),
+            gpu_name(s),
+            band.describe(),
+            flags.join(", ")
+        ))
+    }
+
+    /// Over usable within the band: admitted with a warning (and a layout with more room).
+    fn warn_within_band(
+        &self,
+        s: &Scenario,
+        l: &Layout,
+        m: &MemoryCheck,
+        band: &Band,
+        deadline: Instant,
+    ) -> Verdict {
+        let more = self.more_room(s, l, m, deadline);
+        Verdict::allow(Reason::WithinBand).warn(format!(
+            "primus: predicted {} GiB on pipeline stage {} > {} GiB usable on {}, within the memory model's measured error band {} (denied above {} GiB): it may run out of memory{more}",
+            gib1(m.peak_bytes),
+            m.stage,
+            gib1(m.usable_bytes),
+            gpu_name(s),
+            band.describe(),
+            gib1(band.deny_above(m.usable_bytes)),
+        ))
+    }
+
+    /// Below usable but within the headroom or the band's under-prediction of it: admitted
+    /// with a warning.
+    fn warn_headroom(
+        &self,
+        s: &Scenario,
+        l: &Layout,
+        m: &MemoryCheck,
+        band: &Band,
+        deadline: Instant,
+    ) -> Verdict {
+        let more = self.more_room(s, l, m, deadline);
+        Verdict::allow(Reason::Headroom).warn(format!(
+            "primus: predicted {} GiB on pipeline stage {} is within {:.0}% of the {} GiB usable on {} (error band {}): fragmentation or a longer sequence may OOM{more}",
+            gib1(m.peak_bytes),
+            m.stage,
+            ((1.0 - m.peak_bytes / m.usable_bytes) * 100.0).max(0.0).ceil(),
+            gib1(m.usable_bytes),
+            gpu_name(s),
+            band.describe(),
+        ))
+    }
+
+    /// `; more room with --flags (X GiB)` when a nearby layout fits within the headroom.
+    fn more_room(&self, s: &Scenario, l: &Layout, m: &MemoryCheck, deadline: Instant) -> String {
+        let out = self.suggestions(s, l, self.settings.headroom * m.usable_bytes, deadline);
+        match out.suggestions.first() {
+            Some(sg) => format!(
+                "; more room with {} ({} GiB)",
+                sg.flags(),
+                gib1(sg.peak_bytes)
+            ),
+            None => String::new(),
         }
-        v.audit = audit;
-        v
     }
 }
 

@@ -243,7 +243,7 @@ fn oom_job_is_refused_with_numbers_and_a_suggestion() {
         "{err}"
     );
     assert!(
-        err.contains(" GiB on pipeline stage 0 > 189.5 GiB usable on MI300X (weights "),
+        err.contains(" GiB on pipeline stage 0 > 190.6 GiB usable on MI300X (weights "),
         "{err}"
     );
     assert!(err.contains("; fits with --"), "{err}");

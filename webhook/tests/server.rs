@@ -320,4 +320,12 @@ fn bad_settings_exit_with_one_clear_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/tls.crt"), "{err}");
+
+    let out = Command::new(bin)
+        .args(["--max-in-flight", "0", "--self-signed"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-in-flight"), "{err}");
 }

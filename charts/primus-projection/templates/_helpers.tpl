@@ -90,6 +90,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "primus.componentName" (dict "root" . "component" "operator")) .Values.operator.leaderElection.leaseName }}
 {{- end }}
 
+{{/* The Secret holding the operator's benchmark-report key (in the release namespace). */}}
+{{- define "primus.operator.reportKeySecret" -}}
+{{- default (include "primus.componentName" (dict "root" . "component" "operator-report-key")) .Values.operator.reportKeySecret }}
+{{- end }}
+
 {{/* The ValidatingWebhookConfiguration's name (cluster-scoped: the release name keeps it unique). */}}
 {{- define "primus.webhook.configurationName" -}}
 {{- include "primus.fullname" . }}
@@ -111,17 +116,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* Webhook replicas: the value, else 2 (1 in self-signed mode, which allows no more). */}}
+{{/* Webhook replicas: the value, else 2. */}}
 {{- define "primus.webhook.replicas" -}}
-{{- $selfSigned := eq .Values.webhook.tls.mode "selfSigned" }}
-{{- if kindIs "invalid" .Values.webhook.replicas }}
-{{- if $selfSigned }}1{{ else }}2{{ end }}
-{{- else }}
-{{- if and $selfSigned (gt (int .Values.webhook.replicas) 1) }}
-{{- fail (printf "webhook.replicas=%v with webhook.tls.mode=selfSigned: each replica would make its own CA and they would overwrite each other's caBundle. Use webhook.replicas=1, or webhook.tls.mode=certManager or secret for more replicas" .Values.webhook.replicas) }}
+{{- if kindIs "invalid" .Values.webhook.replicas }}2{{ else }}{{ .Values.webhook.replicas }}{{ end }}
 {{- end }}
-{{- .Values.webhook.replicas }}
-{{- end }}
+
+{{/* The Secret of self-signed mode: the webhook's CA and serving certificate, shared by the replicas. */}}
+{{- define "primus.webhook.certSecretName" -}}
+{{- include "primus.componentName" (dict "root" . "component" "webhook-certs") }}
 {{- end }}
 
 {{/*

@@ -8,8 +8,11 @@
 //! - `spec.nprocPerNode` (a string, as the CRD's schema has it) = GPUs per node;
 //! - `spec.runPolicy.suspend` when [`JobOptions::suspend`] is set;
 //! - in the container named `pytorch`: the Megatron layout and model flags appended to `args`
-//!   (replacing the same flags from the template, keeping its other arguments), and the GPU
-//!   resource of the hardware profile (`amd.com/gpu: 8`) in limits and requests;
+//!   (replacing the same flags from the template, keeping its other arguments), the GPU
+//!   resource of the hardware profile (`amd.com/gpu: 8`) in limits and requests, and the
+//!   layout's `expandableSegments` in PyTorch's allocator configuration (added to the vendor's
+//!   `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_HIP_ALLOC_CONF` when on, removed from any of them
+//!   when off);
 //! - a node selector on the profile's product label unless the template has one for it;
 //! - the `primus.dev/*` annotations the admission webhook reads back.
 //!
@@ -25,7 +28,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_oracle::FieldError;
 use primus_oracle::hardware::Vendor;
 use primus_oracle::layout::Layout;
-use primus_oracle::megatron::{flag, megatron_flags};
+use primus_oracle::megatron::{
+    ALLOC_CONF_ENV, expandable_segments_in, flag, megatron_flags, with_expandable_segments,
+};
 use primus_oracle::scenario::Scenario;
 use serde_json::Value;
 
@@ -127,6 +132,7 @@ pub fn pytorchjob(
         let pod = replica.template.get_or_insert_default();
         let at = format!("{replicas_at}.{source}.template");
         fill_pod_template(pod, s, &flags, t.from_user, nproc, &at)?;
+        set_allocator_env(pod, s.hardware.vendor, l.expandable_segments);
         job.spec
             .pytorch_replica_specs
             .insert(role.to_string(), replica);
@@ -235,6 +241,45 @@ fn fill_pod_template(
         });
     }
     Ok(())
+}
+
+/// The allocator environment variable the writer adds for a vendor.
+pub fn alloc_conf_env(vendor: Vendor) -> &'static str {
+    match vendor {
+        Vendor::Amd => ALLOC_CONF_ENV[1],
+        Vendor::Nvidia => ALLOC_CONF_ENV[0],
+    }
+}
+
+/// `expandable_segments` in the `pytorch` container's allocator configuration as the layout
+/// says: every allocator variable of the template is rewritten (the option removed when off,
+/// others kept), and with it on the vendor's variable is added when absent.
+fn set_allocator_env(pod: &mut PodTemplateSpec, vendor: Vendor, on: bool) {
+    let Some(container) = pod
+        .spec
+        .as_mut()
+        .and_then(|spec| spec.containers.iter_mut().find(|c| c.name == CONTAINER))
+    else {
+        return;
+    };
+    let env = container.env.get_or_insert_default();
+    for e in env.iter_mut() {
+        if let Some(v) = e.value.as_mut()
+            && ALLOC_CONF_ENV.contains(&e.name.as_str())
+            && expandable_segments_in(v) != Some(on)
+        {
+            *v = with_expandable_segments(v, on);
+        }
+    }
+    env.retain(|e| !(ALLOC_CONF_ENV.contains(&e.name.as_str()) && e.value.as_deref() == Some("")));
+    let name = alloc_conf_env(vendor);
+    if on && !env.iter().any(|e| e.name == name) {
+        env.push(EnvVar {
+            name: name.to_string(),
+            value: Some(with_expandable_segments("", true)),
+            ..EnvVar::default()
+        });
+    }
 }
 
 /// The default container's command: `torchrun pretrain_gpt.py` in the image's Megatron-LM

@@ -199,10 +199,13 @@ fn latest(
                     attempts,
                 }),
                 None => Latest::Failed(
-                    format!(
-                        "pod {pod} succeeded but posted no matching BenchmarkReport {}",
-                        seen.report
-                    ),
+                    match ignored_own(seen) {
+                        Some(why) => format!("pod {pod} succeeded but {why}"),
+                        None => format!(
+                            "pod {pod} succeeded but posted no matching BenchmarkReport {}",
+                            seen.report
+                        ),
+                    },
                     None,
                 ),
             }
@@ -212,15 +215,19 @@ fn latest(
             let a = age(&last.metadata, now);
             let limit = settings.timeout + grace;
             if a < limit {
+                let mut message = format!(
+                    "benchmark pod {pod} (attempt {attempts} of {}) is {}; waiting up to {}s for its report",
+                    settings.max_attempts,
+                    phase.to_lowercase(),
+                    settings.timeout.as_secs()
+                );
+                if let Some(why) = ignored_own(seen) {
+                    message.push_str(&format!("; {why}"));
+                }
                 return Latest::Decided(Outcome::Waiting {
                     report: seen.report.clone(),
                     attempts,
-                    message: format!(
-                        "benchmark pod {pod} (attempt {attempts} of {}) is {}; waiting up to {}s for its report",
-                        settings.max_attempts,
-                        phase.to_lowercase(),
-                        settings.timeout.as_secs()
-                    ),
+                    message,
                     requeue: (limit - a).min(Duration::from_secs(30)),
                     created: None,
                 });
@@ -237,6 +244,14 @@ fn latest(
             Latest::Failed(why, delete)
         }
     }
+}
+
+/// Why the plan's own report, when there is one under its name, is not believed.
+fn ignored_own(seen: &Observed) -> Option<String> {
+    seen.ignored
+        .iter()
+        .find(|(name, _)| *name == seen.report)
+        .map(|(name, why)| format!("BenchmarkReport {name} is ignored: {why}"))
 }
 
 /// How a pod ended (or why it is considered failed), in words.
@@ -390,6 +405,32 @@ mod tests {
             } => (*attempts, message, *requeue, created.as_deref()),
             other => panic!("not waiting: {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_ignored_report_under_the_plans_name_is_named_while_waiting_and_after() {
+        let mut f = fixture();
+        let own = f.seen.report.clone();
+        f.seen.ignored = vec![(own.clone(), "it is not signed by a benchmark pod".into())];
+        f.seen.pods = vec![f.pod(1, "Running", 10)];
+        let d = f.decide(None);
+        let (_, message, _, _) = waiting(&d);
+        assert!(
+            message.ends_with(&format!(
+                "; BenchmarkReport {own} is ignored: it is not signed by a benchmark pod"
+            )),
+            "{message}"
+        );
+        // The pod succeeded, its report is not believed: the next attempt, saying why.
+        f.seen.pods = vec![f.pod(1, "Succeeded", 10)];
+        let d = f.decide(None);
+        assert_eq!(d.actions, vec![Action::CreatePod { attempt: 2 }]);
+        let (_, message, _, _) = waiting(&d);
+        assert!(
+            message.contains("succeeded but BenchmarkReport"),
+            "{message}"
+        );
+        assert!(message.contains("is ignored"), "{message}");
     }
 
     #[test]

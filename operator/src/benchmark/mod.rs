@@ -28,11 +28,13 @@ mod apply;
 mod decide;
 mod observe;
 mod pod;
+mod trust;
 
 pub use apply::apply;
 pub use decide::{Action, Decision, decide};
 pub use observe::{Observed, observe};
-pub use pod::pod;
+pub use pod::{pod, token_secret};
+pub use trust::distrust;
 
 /// Label on benchmark pods (and the PyTorchJob's kind of objects): the plan.
 pub use primus_crds::annotations::PLAN_LABEL;
@@ -103,6 +105,24 @@ pub enum Outcome {
         attempts: u32,
         message: String,
     },
+}
+
+/// The images plans may name: the operator's default and its allow-list.
+pub fn allowed_images(config: &Config) -> Vec<String> {
+    std::iter::once(config.bench_image.clone())
+        .chain(config.bench_images.iter().cloned())
+        .collect()
+}
+
+/// Whether `image` is allowed: the operator's default, an entry of its allow-list, or under a
+/// prefix entry ending in `*`.
+pub fn image_allowed(image: &str, config: &Config) -> bool {
+    allowed_images(config)
+        .iter()
+        .any(|a| match a.strip_suffix('*') {
+            Some(prefix) => image.starts_with(prefix),
+            None => image == a,
+        })
 }
 
 /// Lowercase name of a backend.
@@ -182,6 +202,27 @@ mod tests {
     use super::*;
     use crate::testing::bench_plan as plan_obj;
     use primus_oracle::bench;
+
+    #[test]
+    fn images_are_allowed_by_name_or_prefix() {
+        let config = Config {
+            bench_image: "ghcr.io/p/primus:1".into(),
+            bench_images: vec![
+                "registry.example.com/ml/primus:*".into(),
+                "lab/primus:2".into(),
+            ],
+            ..Config::default()
+        };
+        assert!(image_allowed("ghcr.io/p/primus:1", &config));
+        assert!(image_allowed(
+            "registry.example.com/ml/primus:rocm-6.2",
+            &config
+        ));
+        assert!(image_allowed("lab/primus:2", &config));
+        assert!(!image_allowed("lab/primus:3", &config));
+        assert!(!image_allowed("registry.example.com/ml/other:1", &config));
+        assert!(!image_allowed("ghcr.io/p/primus:1-evil", &config));
+    }
 
     #[test]
     fn reports_match_on_shapes_product_and_backend() {

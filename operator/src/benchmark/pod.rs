@@ -4,12 +4,15 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements,
+    Secret, SecretKeySelector,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use primus_crds::TrainingPlan;
+use primus_crds::provenance::{self, ATTEMPT_ENV, TOKEN_ENV, TOKEN_KEY};
 use primus_oracle::bench;
 use primus_oracle::plan::Plan;
 
@@ -79,17 +82,7 @@ pub fn pod(
                 name: CONTAINER.into(),
                 image: Some(settings.image.clone()),
                 command: Some(command),
-                env: Some(vec![EnvVar {
-                    name: "NODE_NAME".into(),
-                    value_from: Some(EnvVarSource {
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "spec.nodeName".into(),
-                            ..ObjectFieldSelector::default()
-                        }),
-                        ..EnvVarSource::default()
-                    }),
-                    ..EnvVar::default()
-                }]),
+                env: Some(env(&pod_name(report, attempt), attempt)),
                 resources: Some(ResourceRequirements {
                     limits: Some(resources.clone()),
                     requests: Some(resources),
@@ -100,6 +93,78 @@ pub fn pod(
             ..PodSpec::default()
         }),
         status: None,
+    })
+}
+
+/// The benchmark container's environment: its node, and its attempt's token (from the
+/// attempt's Secret, named like the pod) with the attempt number.
+fn env(pod: &str, attempt: u32) -> Vec<EnvVar> {
+    vec![
+        EnvVar {
+            name: "NODE_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: TOKEN_ENV.into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: pod.to_string(),
+                    key: TOKEN_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: ATTEMPT_ENV.into(),
+            value: Some(attempt.to_string()),
+            ..EnvVar::default()
+        },
+    ]
+}
+
+/// The Secret holding attempt `attempt`'s token (named like its pod, owned by the plan): only
+/// that pod reads it, through its environment; the benchmark service account cannot read
+/// Secrets.
+pub fn token_secret(
+    plan_obj: &TrainingPlan,
+    report: &str,
+    attempt: u32,
+    key: &crate::report_key::ReportKey,
+) -> Result<Secret, Error> {
+    let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
+    let name = plan_obj.metadata.name.clone().unwrap_or_default();
+    let uid = plan_obj.metadata.uid.clone().unwrap_or_default();
+    let token = provenance::token(key.bytes(), &ns, &uid, report, attempt);
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(pod_name(report, attempt)),
+            namespace: Some(ns),
+            labels: Some(BTreeMap::from([
+                (PLAN_LABEL.to_string(), plan_label_value(&name)),
+                (COMPONENT_LABEL.to_string(), COMPONENT.to_string()),
+                (
+                    primus_crds::annotations::MANAGED_BY.to_string(),
+                    crate::CONTROLLER.to_string(),
+                ),
+            ])),
+            owner_references: Some(vec![owner_reference(plan_obj)?]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_string(),
+            ByteString(token.into_bytes()),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
     })
 }
 
@@ -153,7 +218,23 @@ mod tests {
             c.command.as_ref().unwrap().join(" "),
             format!("primus bench --plan team/p --backend simulate --report-to team/{report}")
         );
-        let env = &c.env.as_ref().unwrap()[0];
+        let all = c.env.as_ref().unwrap();
+        let token = all.iter().find(|e| e.name == TOKEN_ENV).unwrap();
+        let secret = token.value_from.as_ref().unwrap().secret_key_ref.as_ref();
+        assert_eq!(
+            secret.map(|s| s.name.as_str()),
+            Some(p.metadata.name.as_deref().unwrap())
+        );
+        let attempt = all.iter().find(|e| e.name == ATTEMPT_ENV).unwrap();
+        assert_eq!(attempt.value.as_deref(), Some("2"));
+        let s = token_secret(&obj, &report, 2, &config.report_key).unwrap();
+        assert_eq!(s.metadata.name, p.metadata.name);
+        let t = String::from_utf8(s.data.unwrap()[TOKEN_KEY].0.clone()).unwrap();
+        assert_eq!(
+            t,
+            provenance::token(config.report_key.bytes(), "team", "uid-1", &report, 2)
+        );
+        let env = &all[0];
         assert_eq!(env.name, "NODE_NAME");
         assert_eq!(
             env.value_from

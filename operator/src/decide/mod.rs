@@ -36,6 +36,9 @@ pub enum Requeue {
     After(Duration),
     /// After the operator's resync interval (the drift interval with a Prometheus source).
     Resync,
+    /// After the plan's error backoff (a write the API server refused; the backoff is not
+    /// reset by the pass).
+    Backoff,
 }
 
 /// How a pass ends: Ready, Reconciling and Stalled (and any other condition the end sets),
@@ -157,7 +160,7 @@ impl<T> Step<T> {
         }
     }
 
-    fn halt(conditions: Verdicts, halt: Halt) -> Step<T> {
+    pub(crate) fn halt(conditions: Verdicts, halt: Halt) -> Step<T> {
         Step {
             conditions,
             next: Next::Halt(halt),
@@ -179,7 +182,7 @@ pub fn invalid(e: &FieldError) -> Halt {
 }
 
 /// The steps after `from` have not been reached.
-fn downstream(from: &'static str, reason: Reason) -> Verdicts {
+pub(crate) fn downstream(from: &'static str, reason: Reason) -> Verdicts {
     let steps = [
         BENCHMARKED,
         PROJECTED,
@@ -472,12 +475,17 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
     }
 }
 
-/// The drift source could not be read.
-pub fn drift_unknown(error: &str) -> Verdicts {
+/// The drift source could not be read (its URL not allowed, or the query failed).
+pub fn drift_unknown(error: &drift::QueryError) -> Verdicts {
+    let reason = if error.not_allowed() {
+        Reason::UrlNotAllowed
+    } else {
+        Reason::QueryFailed
+    };
     Verdicts::default().with(
         DRIFT_WITHIN_TOLERANCE,
         State::Unknown,
-        Reason::QueryFailed,
+        reason,
         format!("spec.drift.prometheus: {error}"),
     )
 }
@@ -542,6 +550,9 @@ pub fn flip_notices(before: &[Condition], after: &[Condition], verdicts: &Verdic
         })
         .collect()
 }
+
+mod refused;
+pub use refused::{clamped, image_not_allowed, refused, status_refused};
 
 #[cfg(test)]
 mod tests;

@@ -497,7 +497,14 @@ fn drift_compares_a_measurement_and_says_when_there_is_none() {
     );
     assert!(compared.is_none());
     assert_eq!(
-        cond(&drift_unknown("down"), DRIFT_WITHIN_TOLERANCE).1,
+        cond(
+            &drift_unknown(&crate::drift::QueryError::Status {
+                url: "u".into(),
+                status: 503
+            }),
+            DRIFT_WITHIN_TOLERANCE
+        )
+        .1,
         Reason::QueryFailed
     );
 }

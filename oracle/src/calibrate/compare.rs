@@ -20,7 +20,8 @@ use crate::report::BenchmarkResults;
 use crate::scenario::Scenario;
 
 use super::{
-    CollectiveComparison, Curve, ExactKey, LINK_FACTOR_LIMIT, OpComparison, class_index, pass_index,
+    CollectiveComparison, Curve, ExactKey, LINK_FACTOR_LIMIT, OP_RATIO_LIMIT, OpComparison,
+    class_index, pass_index,
 };
 
 /// The x coordinate of an op pass on the ratio curves: ln of the FLOPs of one GEMM instance
@@ -161,7 +162,9 @@ pub(super) fn op_ratios(s: &Scenario, report: &BenchmarkResults) -> OpRatios {
         if !(analytic.is_finite() && analytic > 0.0) {
             continue;
         }
-        let ratio = m.median_seconds / analytic;
+        let measured = m.median_seconds / analytic;
+        let ratio = measured.clamp(1.0 / OP_RATIO_LIMIT, OP_RATIO_LIMIT);
+        let clamped = ratio != measured;
         if matched {
             // The same op measured twice (the attention block of a dense and of a MoE
             // layer): the geometric mean.
@@ -181,6 +184,7 @@ pub(super) fn op_ratios(s: &Scenario, report: &BenchmarkResults) -> OpRatios {
             measured_seconds: m.median_seconds,
             analytic_seconds: analytic,
             matched,
+            clamped,
         });
     }
     OpRatios {
@@ -216,11 +220,12 @@ pub(super) fn collective_factors(s: &Scenario, report: &BenchmarkResults) -> Col
         }
         let t = analytic_collective(&topo, kind, n, c.bytes);
         let latency = (2.0 * t - analytic_collective(&topo, kind, n, 2.0 * c.bytes)).max(0.0);
-        let factor = if c.median_seconds > latency {
-            ((t - latency) / (c.median_seconds - latency))
-                .clamp(1.0 / LINK_FACTOR_LIMIT, LINK_FACTOR_LIMIT)
+        let (factor, clamped) = if c.median_seconds > latency {
+            let raw = (t - latency) / (c.median_seconds - latency);
+            let f = raw.clamp(1.0 / LINK_FACTOR_LIMIT, LINK_FACTOR_LIMIT);
+            (f, f != raw)
         } else {
-            LINK_FACTOR_LIMIT
+            (LINK_FACTOR_LIMIT, true)
         };
         let members = if kind == Collective::P2p { 2 } else { n };
         links.add(
@@ -245,6 +250,7 @@ pub(super) fn collective_factors(s: &Scenario, report: &BenchmarkResults) -> Col
             ),
             analytic_bus_gbps: crate::bench::measure::bus_bandwidth_gbps(kind, n, c.bytes, t),
             factor,
+            clamped,
         });
     }
     CollectiveFactors { links, collectives }

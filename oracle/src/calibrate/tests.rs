@@ -103,6 +103,51 @@ fn kernels_at_half_the_analytic_speed_double_the_compute_term_and_nothing_else()
     ));
 }
 
+/// Absurd measurements (a million times slower, a million times faster than the roofline)
+/// are clamped to [1/OP_RATIO_LIMIT, OP_RATIO_LIMIT] and counted; measurements inside the band
+/// are used as they are.
+#[test]
+fn absurd_op_ratios_are_clamped_and_counted() {
+    use crate::calibrate::{Calibration, OP_RATIO_LIMIT};
+    let p = single_node();
+    let honest = simulate(&p, Provenance::default());
+    let c = Calibration::new(&p.scenario, &honest).unwrap();
+    assert!(!c.clamped().any(), "{:?}", c.clamped());
+    let mut slow = honest.clone();
+    for o in &mut slow.ops {
+        o.median_seconds *= 1e6;
+    }
+    let c = Calibration::new(&p.scenario, &slow).unwrap();
+    let n = c.clamped();
+    assert_eq!((n.ops, n.of_ops), (c.ops.len(), c.ops.len()));
+    let (a, s) = projections(&p, &slow);
+    // Compute is OP_RATIO_LIMIT times the analytic compute, not a million times.
+    assert!(close(
+        s.breakdown.compute,
+        OP_RATIO_LIMIT * a.breakdown.compute
+    ));
+    let mut fast = honest.clone();
+    for o in &mut fast.ops {
+        o.median_seconds *= 1e-6;
+    }
+    let (_, f) = projections(&p, &fast);
+    assert!(close(
+        f.breakdown.compute,
+        a.breakdown.compute / OP_RATIO_LIMIT
+    ));
+    // Within the band: not clamped.
+    let mut twice = honest;
+    for o in &mut twice.ops {
+        o.median_seconds *= 2.0;
+    }
+    assert!(
+        !Calibration::new(&p.scenario, &twice)
+            .unwrap()
+            .clamped()
+            .any()
+    );
+}
+
 /// Times GEMM passes analytically and everything else as zero: the GEMM part of a term.
 struct GemmOnly;
 

@@ -19,7 +19,7 @@ pub struct LayoutError {
 }
 
 impl LayoutError {
-    fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
+    pub(super) fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
         LayoutError {
             rule,
             field: field.to_string(),
@@ -68,6 +68,7 @@ impl Layout {
         self.check_schedule(s)?;
         self.check_recompute(s)?;
         self.check_sharding()?;
+        self.check_memory_options(s)?;
         Ok(())
     }
 

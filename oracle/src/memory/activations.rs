@@ -44,17 +44,45 @@ pub struct MemoryOptions {
     /// log-sum-exp statistics (fp32, one per head and token). On by default: Transformer
     /// Engine / Megatron-Core use fused attention whenever it is available.
     pub flash_attention: bool,
-    /// Hidden and attention dropout (p > 0): 1-byte masks are kept (and, without flash, the
-    /// dropped-out attention probabilities). Megatron's GPT recipes train with 0.1; Llama,
-    /// Mixtral, Qwen, DeepSeek and gpt-oss recipes train without. Off by default.
-    pub dropout: bool,
 }
 
 impl Default for MemoryOptions {
     fn default() -> Self {
         MemoryOptions {
             flash_attention: true,
-            dropout: false,
+        }
+    }
+}
+
+/// Which dropouts keep memory, from the layout's `attentionDropout` / `hiddenDropout`. PyTorch's
+/// dropout with p = 0 returns its input and saves no mask (ATen `dropout`: `p == 0` is the
+/// identity), so only a positive probability counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dropout {
+    /// Attention dropout: without flash attention its 1-byte mask and the dropped-out
+    /// probabilities (Korthikanti's as^2b + 2as^2b); flash attention regenerates the mask.
+    pub attention: bool,
+    /// Hidden dropout: a 1-byte mask after the attention block and after the MLP of every
+    /// layer, and after the embedding on the first stage (Korthikanti's two sbh masks).
+    pub hidden: bool,
+}
+
+impl Dropout {
+    /// Megatron's GPT regime (both 0.1).
+    pub const BOTH: Dropout = Dropout {
+        attention: true,
+        hidden: true,
+    };
+    /// No dropout (Llama, Qwen, Mixtral, DeepSeek, gpt-oss recipes).
+    pub const NONE: Dropout = Dropout {
+        attention: false,
+        hidden: false,
+    };
+
+    pub fn of(l: &Layout) -> Dropout {
+        Dropout {
+            attention: l.attention_dropout.positive(),
+            hidden: l.hidden_dropout.positive(),
         }
     }
 }
@@ -162,6 +190,7 @@ pub fn layer_terms(
     etp: u32,
     precision: Precision,
     opts: &MemoryOptions,
+    dropout: Dropout,
 ) -> ActivationTerms {
     let lin = linear_input_bytes(precision);
     let h = card.hidden_size as f64;
@@ -172,8 +201,9 @@ pub fn layer_terms(
         return t;
     }
     let rc = keep.modules();
-    let drop = if opts.dropout { MASK_BYTES * h } else { 0.0 };
-    attention_terms(&mut t, card, rc, lin, drop, opts);
+    // Hidden dropout masks (1 byte per element), one per residual branch.
+    let drop = if dropout.hidden { MASK_BYTES * h } else { 0.0 };
+    attention_terms(&mut t, card, rc, lin, drop, opts, dropout.attention);
     // MLP.
     let ln2_input = ACT_BYTES * h;
     let mlp_dropout_mask = drop;
@@ -187,8 +217,8 @@ pub fn layer_terms(
 
 /// The attention block's terms: its input norm's input, the projections' inputs and outputs
 /// (standard or MLA) and the attention core's softmax statistics (or scores). `rc` are the
-/// selective-recompute modules, `lin` the bytes of a saved linear input, `drop` the dropout
-/// mask bytes per token.
+/// selective-recompute modules, `lin` the bytes of a saved linear input, `drop` the hidden
+/// dropout mask bytes per token, `attention_dropout` whether the scores are dropped out.
 fn attention_terms(
     t: &mut ActivationTerms,
     card: &ModelCard,
@@ -196,6 +226,7 @@ fn attention_terms(
     lin: f64,
     drop: f64,
     opts: &MemoryOptions,
+    attention_dropout: bool,
 ) {
     let h = card.hidden_size as f64;
     let a = card.attention_heads as f64;
@@ -226,7 +257,7 @@ fn attention_terms(
             // Softmax output 2as^2b; with dropout also its mask as^2b and the dropped-out
             // probabilities 2as^2b: Korthikanti's 5as^2b.
             let softmax = ACT_BYTES * a;
-            let dropout = if opts.dropout {
+            let dropout = if attention_dropout {
                 (MASK_BYTES + ACT_BYTES) * a
             } else {
                 0.0

@@ -11,13 +11,21 @@ use crate::precision::Precision;
 use crate::scenario::Scenario;
 
 use super::activations::{
-    self, ACT_BYTES, ActivationTerms, ChunkSplit, FP32_BYTES, Keep, MemoryOptions,
-    inflight_microbatches, layer_terms, wgrad_terms,
+    self, ACT_BYTES, ActivationTerms, ChunkSplit, Dropout, FP32_BYTES, Keep, MASK_BYTES,
+    MemoryOptions, inflight_microbatches, layer_terms, wgrad_terms,
 };
+use super::optimizer::{StateBytes, state_bytes};
 use super::{
-    FP8_WEIGHT_COPY_BYTES, FSDP_UNSHARDED_LAYERS, PP_P2P_BUFFERS, SP_GATHER_BUFFERS, StageMemory,
-    TP_OVERLAP_BUFFERS, VOCAB_PAD_MULTIPLE, WEIGHT_BYTES, grad_and_optimizer_bytes,
+    FSDP_UNSHARDED_LAYERS, PP_P2P_BUFFERS, SP_GATHER_BUFFERS, StageMemory, TP_OVERLAP_BUFFERS,
+    VOCAB_PAD_MULTIPLE, allocator,
 };
+
+/// Layers of offloaded activations resident on the GPU at once with layer-level activation
+/// offload (`--cpu-offloading-num-layers`): Megatron-Core's offload handler double-buffers, so
+/// the layer whose activations are being copied (forward) or prefetched (backward) is held
+/// beside the one computing (`megatron/core/extensions/transformer_engine.py`, TE
+/// `get_cpu_offload_context`).
+pub const ACTIVATION_OFFLOAD_RESIDENT_LAYERS: f64 = 1.0;
 
 /// Per-GPU parameters of one layer: a dense layer, and an MoE layer outside / inside its
 /// experts; and of those, the ones in GEMM weights (what FP8 keeps an extra copy of).
@@ -67,8 +75,11 @@ pub(super) struct Ctx<'a> {
     params: LayerParams,
     act: LayerActivations,
     shards: Shards,
-    fp8: bool,
+    state: StateBytes,
+    dropout: Dropout,
     moe_dispatch: f64,
+    allocator_overhead: f64,
+    communicators: f64,
 }
 
 impl LayerActivations {
@@ -85,7 +96,12 @@ impl LayerActivations {
         let precision = s.training.precision;
         let keep = Keep::of(l);
         let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
-        let layer = |kind, keep| bytes(layer_terms(card, kind, keep, l.etp, precision, opts));
+        let dropout = Dropout::of(l);
+        let layer = |kind, keep| {
+            bytes(layer_terms(
+                card, kind, keep, l.etp, precision, opts, dropout,
+            ))
+        };
         let zero_bubble = l.schedule == Schedule::ZeroBubble;
         let has_moe = card.moe.is_some();
         let dense = layer(LayerKind::Dense, keep);
@@ -171,8 +187,11 @@ impl<'a> Ctx<'a> {
                 dense_opt: if sharded_opt { dp_cp } else { 1.0 },
                 expert_opt: if sharded_opt { edp } else { 1.0 },
             },
-            fp8: s.training.precision == Precision::Fp8,
+            state: state_bytes(l, s.training.precision == Precision::Fp8),
+            dropout: Dropout::of(l),
             moe_dispatch,
+            allocator_overhead: allocator::overhead_fraction(&s.hardware, l),
+            communicators: allocator::communicator_bytes(s, l),
         }
     }
 }
@@ -196,6 +215,8 @@ struct StageTally {
     recompute_transient: f64,
     /// Deferred weight-gradient inputs of one micro-batch (zero-bubble).
     wgrad_per_mb: f64,
+    /// Offloaded activations held on the GPU while they are copied out or back.
+    offload_transient: f64,
 }
 
 /// Parameters one GPU of a stage holds (before FSDP sharding), non-expert and expert, and of
@@ -226,7 +247,7 @@ impl Ctx<'_> {
             self.tally_chunk(&mut t, rank, c, split.share(c) as f64);
         }
         let mut activations = t.activations;
-        activations += t.logits + t.recompute_transient;
+        activations += t.logits + t.recompute_transient + t.offload_transient;
         let deferred = activations::deferred_wgrad(l, rank, self.m, inflight);
         if deferred > 0 {
             activations += deferred as f64 * t.wgrad_per_mb;
@@ -235,8 +256,9 @@ impl Ctx<'_> {
         let state = self.model_state(&params);
         let buffers = self.buffers(&t);
         let tensors = state.weights + state.gradients + state.optimizer + activations + buffers;
-        let fragmentation = self.s.hardware.overheads.allocator_fragmentation * tensors;
-        let other = buffers + fragmentation;
+        let fragmentation = self.allocator_overhead * tensors;
+        let reserved = tensors + fragmentation;
+        let other = buffers + fragmentation + self.communicators;
         StageMemory {
             stage: rank,
             layers: t.layers,
@@ -245,7 +267,7 @@ impl Ctx<'_> {
             optimizer_bytes: state.optimizer,
             activations_bytes: activations,
             other_bytes: other,
-            total_bytes: tensors + fragmentation,
+            total_bytes: reserved + self.communicators,
             inflight_microbatches: inflight,
             parameters: params.dense + params.expert,
             mtp_layers: t.mtp,
@@ -254,6 +276,9 @@ impl Ctx<'_> {
             logits_bytes: t.logits,
             buffers_bytes: buffers,
             fragmentation_bytes: fragmentation,
+            communicator_bytes: self.communicators,
+            allocated_bytes: tensors,
+            reserved_bytes: reserved,
         }
     }
 
@@ -286,9 +311,28 @@ impl Ctx<'_> {
         };
         let rd = recomputed.min(nd);
         let rm = recomputed - rd;
-        let mut per_mb = (nd - rd) as f64 * act.dense
-            + (nm - rm) as f64 * act.moe
+        // Layer-level activation offload (pp = 1, no recompute): the chunk's first layers keep
+        // nothing on the GPU but the one being copied (dense ones first, as layers run).
+        let offloaded = l.activation_offload_layers.min(vs.layers);
+        let od = offloaded.min(nd);
+        let om = offloaded - od;
+        let mut per_mb = (nd - rd - od) as f64 * act.dense
+            + (nm - rm - om) as f64 * act.moe
             + recomputed as f64 * act.input;
+        if offloaded > 0 {
+            let largest = if om > 0 {
+                act.moe.max(act.dense)
+            } else {
+                act.dense
+            };
+            t.offload_transient = t
+                .offload_transient
+                .max(ACTIVATION_OFFLOAD_RESIDENT_LAYERS * largest);
+        }
+        if vs.embedding && self.dropout.hidden {
+            // The embedding's dropout mask (1 byte per element, sequence-split).
+            per_mb += self.tokens / self.tp_sp * MASK_BYTES * h;
+        }
         // The backward pass of a recomputed layer (or of its selective-recompute modules)
         // rematerialises what it did not keep, one layer of one micro-batch at a time:
         // transient = act_all - act_kept of the largest such layer.
@@ -386,21 +430,17 @@ impl Ctx<'_> {
         }
     }
 
-    /// Weights (and FP8 copies), gradients and optimizer states of the stage's parameters
-    /// under the layout's sharding and gradient precision.
+    /// Weights (and their FP8 forms), gradients and optimizer states of the stage's
+    /// parameters under the layout's sharding, precisions and offload ([`state_bytes`]).
     fn model_state(&self, p: &StageParams) -> ModelState {
         let sh = &self.shards;
+        let b = &self.state;
         let weights_shard = p.dense / sh.dense_weight + p.expert / sh.expert_weight;
-        let mut weights = WEIGHT_BYTES * weights_shard;
-        if self.fp8 {
-            weights += FP8_WEIGHT_COPY_BYTES
-                * (p.dense_linear / sh.dense_weight + p.expert_linear / sh.expert_weight);
-        }
-        let (grad_bytes, optimizer_bytes) = grad_and_optimizer_bytes(self.l);
+        let linear_shard = p.dense_linear / sh.dense_weight + p.expert_linear / sh.expert_weight;
         ModelState {
-            weights,
-            gradients: grad_bytes * weights_shard,
-            optimizer: optimizer_bytes * (p.dense / sh.dense_opt + p.expert / sh.expert_opt),
+            weights: b.weight * (weights_shard - linear_shard) + b.linear_weight * linear_shard,
+            gradients: b.grad * weights_shard,
+            optimizer: b.optimizer * (p.dense / sh.dense_opt + p.expert / sh.expert_opt),
         }
     }
 
@@ -426,13 +466,13 @@ impl Ctx<'_> {
             buffers += self.moe_dispatch;
         }
         if l.fsdp {
-            let (grad_bytes, _) = grad_and_optimizer_bytes(l);
+            let grad_bytes = self.state.grad;
             let largest = if t.moe_count > 0 {
                 p.moe_dense + p.moe_expert
             } else {
                 p.dense
             };
-            buffers += FSDP_UNSHARDED_LAYERS * largest * (WEIGHT_BYTES + grad_bytes);
+            buffers += FSDP_UNSHARDED_LAYERS * largest * (self.state.weight + grad_bytes);
         }
         buffers
     }

@@ -434,7 +434,7 @@ pub fn tune(
             stats,
             Some((r, fits)),
             None,
-            headroom,
+            &filter,
             start.elapsed().as_secs_f64(),
         ));
     };
@@ -465,7 +465,7 @@ pub fn tune(
         outcome.stats,
         reference,
         outcome.agent,
-        headroom,
+        &filter,
         start.elapsed().as_secs_f64(),
     ))
 }

@@ -1,14 +1,17 @@
 //! The checks a candidate passes before any time projection: Megatron's legality rules
 //! ([`Layout::check`]) and the analytic memory estimate against the usable memory times
-//! `spec.tuning.memoryHeadroom`. Every rejection is counted by its reason: the rule's id, or
-//! for memory the pipeline stage that overflows and what dominates it there.
+//! `spec.tuning.memoryHeadroom`, widened by the memory model's measured over-prediction band
+//! for the kind of job ([`crate::memory::band`], the same band the admission webhook denies
+//! beyond): a layout predicted a few hundred MiB over the headroom limit may still fit, so it
+//! is kept (and counted) rather than thrown away. Every rejection is counted by its reason: the
+//! rule's id, or for memory the pipeline stage that overflows and what dominates it there.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::layout::{Layout, LayoutError};
-use crate::memory;
+use crate::memory::{self, Band};
 use crate::scenario::Scenario;
 
 /// Why a candidate was dropped before projection.
@@ -16,7 +19,8 @@ use crate::scenario::Scenario;
 pub enum Rejection {
     /// A legality rule failed.
     Rule(LayoutError),
-    /// The bottleneck stage needs more than the usable memory times the headroom.
+    /// The bottleneck stage needs more than the usable memory times the headroom, by more
+    /// than the model's error band (`limit_bytes` is that bound).
     Memory {
         peak_bytes: f64,
         limit_bytes: f64,
@@ -47,16 +51,29 @@ impl std::fmt::Display for Rejection {
 pub struct Prefilter {
     /// Usable fraction of the profile's usable memory.
     pub headroom: f64,
-    /// `headroom * usable bytes`.
+    /// `headroom * usable bytes`: a candidate predicted above it is kept only within the band.
     pub limit_bytes: f64,
+    /// The memory model's error band for the scenario's kind of job.
+    pub band: Band,
+    /// `limit_bytes * (1 + band.over)`: candidates predicted above it are rejected.
+    pub reject_above_bytes: f64,
 }
 
 impl Prefilter {
     pub fn new(s: &Scenario, headroom: f64) -> Prefilter {
+        let limit_bytes = headroom * s.hardware.usable_bytes();
+        let band = Band::of(s);
         Prefilter {
             headroom,
-            limit_bytes: headroom * s.hardware.usable_bytes(),
+            limit_bytes,
+            band,
+            reject_above_bytes: band.deny_above(limit_bytes),
         }
+    }
+
+    /// A predicted peak above the headroom limit but within the band: kept, but worth saying.
+    pub fn within_band(&self, peak_bytes: f64) -> bool {
+        peak_bytes > self.limit_bytes && peak_bytes <= self.reject_above_bytes
     }
 
     /// The legality rules alone.
@@ -67,12 +84,12 @@ impl Prefilter {
     /// The memory check alone (the layout is assumed legal): no allocation.
     pub fn memory(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
         let (peak, stage) = memory::peak_bytes(s, l);
-        if peak <= self.limit_bytes {
+        if peak <= self.reject_above_bytes {
             Ok(())
         } else {
             Err(Rejection::Memory {
                 peak_bytes: peak,
-                limit_bytes: self.limit_bytes,
+                limit_bytes: self.reject_above_bytes,
                 stage,
             })
         }

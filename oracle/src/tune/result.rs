@@ -111,6 +111,12 @@ pub struct TuneResult {
     pub candidates_per_second: f64,
     /// The usable fraction of memory the pre-filter applied.
     pub memory_headroom: f64,
+    /// The memory model's error band the pre-filter widened the headroom limit by (layouts
+    /// predicted up to `over` above it are kept).
+    pub memory_band: crate::memory::Band,
+    /// Of the layouts reported (best and top), those predicted above the headroom limit but
+    /// within the band: kept because of it.
+    pub within_band: Vec<String>,
     /// The agent's counters (searcher `agent`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStats>,
@@ -123,9 +129,14 @@ impl TuneResult {
         stats: Stats,
         reference: Option<(Candidate, bool)>,
         agent: Option<AgentStats>,
-        memory_headroom: f64,
+        filter: &super::prefilter::Prefilter,
         seconds: f64,
     ) -> TuneResult {
+        let within_band = top
+            .iter()
+            .filter(|c| filter.within_band(c.projection.memory.peak_bytes))
+            .map(|c| c.layout.label())
+            .collect();
         let best = top.first().cloned();
         let gain_over_reference = match (&best, &reference) {
             (Some(b), Some((r, _))) if r.tokens_per_second() > 0.0 => {
@@ -157,7 +168,9 @@ impl TuneResult {
             } else {
                 0.0
             },
-            memory_headroom,
+            memory_headroom: filter.headroom,
+            memory_band: filter.band,
+            within_band,
             agent,
         }
     }

@@ -854,6 +854,7 @@ impl Space {
         l.overlap_grad_reduce = base.overlap_grad_reduce;
         l.overlap_param_gather = base.overlap_param_gather;
         l.grad_reduce_in_fp32 = base.grad_reduce_in_fp32;
+        l.copy_memory_options(base);
         let schedules = self.schedule_values(l.pp, l.vpp);
         if !schedules.contains(&l.schedule) {
             l.schedule = *schedules.first()?;

@@ -25,6 +25,7 @@ benchmark:
   backend: rocm
   namespaces: [ml-jobs, ml-research]
 webhook:
+  replicas: 3
   failurePolicy: Fail
   timeoutSeconds: 10
   strict: true
@@ -33,6 +34,7 @@ webhook:
   validateTrainingPlans: false
   tls:
     mode: selfSigned
+    selfSigned: {caValidityDays: 365, certValidityDays: 30, caOverlapSeconds: 600, reloadSeconds: 5}
 kubeflow: {installPyTorchJobCRD: true}
 rbac: {aggregateToDefaultRoles: false}
 "#;

@@ -144,6 +144,12 @@ fn chart_rbac_matches_the_api_calls_in_the_code() {
                 );
                 cr.union(&leader).cloned().collect()
             }
+            // The webhook: its configuration (cluster-wide) and its Secret (a Role).
+            "webhook" => {
+                let cr = rule_perms(cluster.get("ClusterRole", &format!("{full}-webhook")));
+                let role = rule_perms(cluster.get("Role", &format!("{full}-webhook")));
+                cr.union(&role).cloned().collect()
+            }
             other => rule_perms(cluster.get("ClusterRole", &format!("{full}-{other}"))),
         };
         assert_same(name, &code, &chart);
@@ -174,6 +180,15 @@ fn chart_rbac_matches_the_api_calls_in_the_code() {
         "{wh_args}"
     );
     cluster.get("ValidatingWebhookConfiguration", &hook);
+    let secret = cluster.get("Role", &format!("{full}-webhook"))["rules"][0]["resourceNames"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        wh_args.contains(&format!("--cert-secret={secret}")),
+        "{wh_args}"
+    );
+    cluster.get("Secret", &secret);
 
     // The operator README documents the same table; say so loudly when it drifts (the README
     // belongs to the operator's owners).
@@ -448,12 +463,11 @@ fn the_operator_and_benchmark_pods_work_under_the_chart_rbac_alone() {
         }
     }
     let _op = Kill(&mut op, &log);
-    let bench_bed = TestBed {
-        kubeconfig: bench_cfg.clone(),
-        ca: tb.ca.clone(),
-    };
-    let _agent = NodeAgent::start(
-        &bench_bed,
+    // The agent plays the kubelet (admin: it reads the pods' Secrets); the benchmark process
+    // acts as the benchmark service account.
+    let _agent = NodeAgent::start_with(
+        &tb,
+        &bench_cfg,
         &ns.name,
         "app.kubernetes.io/component=benchmark",
     );

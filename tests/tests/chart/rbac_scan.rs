@@ -36,9 +36,11 @@ fn perm(group: &str, resource: &str, verb: &str) -> Perm {
 /// (group, resource) of a typed `Api<T>`.
 fn resource_of_type(t: &str) -> Option<(&'static str, &'static str)> {
     Some(match t {
-        "TrainingPlan" => ("primus.dev", "trainingplans"),
+        // The operator's plans, decoded object by object (operator/src/decoded.rs).
+        "TrainingPlan" | "PlanObject" => ("primus.dev", "trainingplans"),
         "BenchmarkReport" => ("primus.dev", "benchmarkreports"),
         "Pod" => ("", "pods"),
+        "Secret" => ("", "secrets"),
         "Lease" => ("coordination.k8s.io", "leases"),
         "ValidatingWebhookConfiguration" => (
             "admissionregistration.k8s.io",
@@ -507,9 +509,10 @@ fn controller(pods: Api<Pod>) {
     );
 
     // What it cannot place is an error naming the line, not a silent miss.
-    let unknown = scan_source("x.rs", "fn f() { let s: Api<Secret> = Api::all(c); }").unwrap_err();
+    let unknown =
+        scan_source("x.rs", "fn f() { let s: Api<ConfigMap> = Api::all(c); }").unwrap_err();
     assert!(
-        unknown.contains("x.rs:1") && unknown.contains("Secret"),
+        unknown.contains("x.rs:1") && unknown.contains("ConfigMap"),
         "{unknown}"
     );
     let stray = scan_source("y.rs", "fn f() {\n    helper(Api::<Pod>::all(c));\n}").unwrap_err();

@@ -49,7 +49,13 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
     );
     let wh_args = args(wh);
     for a in [
-        "--tls-cert-file=/etc/primus-webhook/tls/tls.crt",
+        "--cert-secret=primus-primus-projection-webhook-certs",
+        "--service-name=primus-primus-projection-webhook",
+        "--webhook-configuration=primus-primus-projection",
+        "--ca-validity-seconds=94608000",
+        "--cert-validity-seconds=7776000",
+        "--ca-overlap-seconds=3600",
+        "--cert-reload-interval-seconds=10",
         "--metrics-listen=0.0.0.0:8081",
         "--headroom=0.92",
         "--budget-seconds=2",
@@ -62,14 +68,18 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
     assert!(
         !wh_args
             .iter()
-            .any(|a| a == "--self-signed" || a == "--strict"),
+            .any(|a| a.starts_with("--tls-cert-file") || a == "--strict"),
         "{wh_args:?}"
     );
-    // Only self-signed mode talks to the API server.
+    // Self-signed mode (the default) talks to the API server: its Secret, its caBundle. It
+    // mounts no certificate and replaces replicas one by one.
     assert_eq!(
         wh["spec"]["template"]["spec"]["automountServiceAccountToken"],
-        false
+        true
     );
+    assert!(wh["spec"].get("strategy").is_none(), "{}", wh["spec"]);
+    let volumes = serde_json::to_string(&wh["spec"]["template"]["spec"]["volumes"]).unwrap();
+    assert!(!volumes.contains("secretName"), "{volumes}");
 
     // PodDisruptionBudgets, policy/v1 on 1.30.
     let pdb = r.get("PodDisruptionBudget", &format!("{FULL}-webhook"));
@@ -83,8 +93,8 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
     // The webhook configuration.
     let vwc = r.get("ValidatingWebhookConfiguration", FULL);
     assert_eq!(
-        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
-        format!("{NS}/{FULL}-webhook-tls")
+        vwc["metadata"]["annotations"]["primus.dev/ca-bundle-owner"],
+        "primus-webhook"
     );
     let hooks = vwc["webhooks"].as_array().unwrap();
     let names: Vec<&str> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
@@ -104,7 +114,7 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
         assert_eq!(h["admissionReviewVersions"], serde_json::json!(["v1"]));
         assert!(
             h["clientConfig"]["caBundle"].is_null(),
-            "cert-manager injects it"
+            "the webhook patches it"
         );
         assert_eq!(
             h["clientConfig"]["service"]["name"],
@@ -158,31 +168,28 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
         )
     );
 
-    // cert-manager: CA chain and a serving certificate for the service's DNS names.
-    let cert = r.get("Certificate", &format!("{FULL}-webhook-tls"));
-    let svc_name = svc["metadata"]["name"].as_str().unwrap();
-    assert_eq!(
-        cert["spec"]["dnsNames"],
-        serde_json::json!([
-            format!("{svc_name}.{NS}.svc"),
-            format!("{svc_name}.{NS}.svc.cluster.local")
-        ])
-    );
-    let secret = cert["spec"]["secretName"].as_str().unwrap();
-    let volumes = serde_json::to_string(&wh["spec"]["template"]["spec"]["volumes"]).unwrap();
+    // The shared Secret, created empty (the webhook fills it), and exactly the rights on it
+    // and on the configuration the webhook needs, limited by name.
+    let secret = r.get("Secret", &format!("{FULL}-webhook-certs"));
+    assert_eq!(secret["type"], "Opaque");
     assert!(
-        volumes.contains(secret),
-        "the webhook mounts {secret}: {volumes}"
+        secret.get("data").is_none() && secret.get("stringData").is_none(),
+        "{secret}"
     );
-    assert_eq!(r.kind("Issuer").len(), 2, "self-signed root and CA issuer");
-
-    // RBAC: no RBAC for the webhook outside self-signed mode; lease rights limited by name.
-    assert!(r.kind("ClusterRole").iter().all(|c| {
-        !c["metadata"]["name"]
-            .as_str()
-            .unwrap()
-            .ends_with("-webhook")
-    }));
+    assert!(r.kind("Certificate").is_empty() && r.kind("Issuer").is_empty());
+    assert_eq!(
+        r.get("Role", &format!("{FULL}-webhook"))["rules"],
+        serde_json::json!([{
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [format!("{FULL}-webhook-certs")],
+            "verbs": ["get", "update"],
+        }])
+    );
+    assert_eq!(
+        r.get("ClusterRole", &format!("{FULL}-webhook"))["rules"][0]["resourceNames"],
+        serde_json::json!([FULL])
+    );
     let leader = r.get("Role", &format!("{FULL}-operator-leader"));
     assert_eq!(
         leader["rules"][1]["resourceNames"],
@@ -252,11 +259,7 @@ fn non_default_values_render_as_asked() {
     let op = r.get("Deployment", "gpu-planner-operator");
     let wh = r.get("Deployment", "gpu-planner-webhook");
     assert_eq!(op["spec"]["replicas"], 3);
-    assert_eq!(
-        wh["spec"]["replicas"], 1,
-        "self-signed mode runs one replica"
-    );
-    assert_eq!(wh["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(wh["spec"]["replicas"], 3);
     assert_hardened(op);
     assert_hardened(wh);
     let image = format!(
@@ -280,7 +283,11 @@ fn non_default_values_render_as_asked() {
     }
     let a = args(wh);
     for want in [
-        "--self-signed",
+        "--cert-secret=gpu-planner-webhook-certs",
+        "--ca-validity-seconds=31536000",
+        "--cert-validity-seconds=2592000",
+        "--ca-overlap-seconds=600",
+        "--cert-reload-interval-seconds=5",
         "--service-name=gpu-planner-webhook",
         "--webhook-configuration=gpu-planner",
         "--strict",
@@ -300,6 +307,7 @@ fn non_default_values_render_as_asked() {
     assert_eq!(op["metadata"]["labels"]["team"], "ml-platform");
 
     // Self-signed: no cert-manager objects, a ClusterRole to patch exactly this configuration.
+    r.get("Secret", "gpu-planner-webhook-certs");
     assert!(r.kind("Certificate").is_empty() && r.kind("Issuer").is_empty());
     let role = r.get("ClusterRole", "gpu-planner-webhook");
     assert_eq!(
@@ -311,11 +319,10 @@ fn non_default_values_render_as_asked() {
             "verbs": ["get", "patch"],
         }])
     );
-    // One replica: no webhook PDB; the operator's (3 replicas) in policy/v1beta1 on 1.20.
-    assert!(
-        r.kind("PodDisruptionBudget")
-            .iter()
-            .all(|p| p["metadata"]["name"] != "gpu-planner-webhook")
+    // PodDisruptionBudgets in policy/v1beta1 on 1.20.
+    assert_eq!(
+        r.get("PodDisruptionBudget", "gpu-planner-webhook")["apiVersion"],
+        "policy/v1beta1"
     );
     assert_eq!(
         r.get("PodDisruptionBudget", "gpu-planner-operator")["apiVersion"],
@@ -392,6 +399,63 @@ fn non_default_values_render_as_asked() {
             .iter()
             .all(|c| !c["metadata"]["name"].as_str().unwrap().ends_with("-edit"))
     );
+}
+
+#[test]
+fn cert_manager_mode_renders_a_ca_chain_and_its_injection() {
+    let Some(helm) = Helm::find(module_path!()) else {
+        return;
+    };
+    let r = helm.render(RELEASE, NS, &["--set", "webhook.tls.mode=certManager"]);
+    let wh = r.get("Deployment", &format!("{FULL}-webhook"));
+    assert_eq!(wh["spec"]["replicas"], 2);
+    let wh_args = args(wh);
+    assert!(
+        wh_args
+            .iter()
+            .any(|a| a == "--tls-cert-file=/etc/primus-webhook/tls/tls.crt"),
+        "{wh_args:?}"
+    );
+    assert!(
+        !wh_args.iter().any(|a| a.starts_with("--cert-secret")),
+        "{wh_args:?}"
+    );
+    // No API server access outside self-signed mode, and no RBAC for it.
+    assert_eq!(
+        wh["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        false
+    );
+    for kind in ["ClusterRole", "Role"] {
+        assert!(r.kind(kind).iter().all(|c| {
+            !c["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .ends_with("-webhook")
+        }));
+    }
+    assert!(r.kind("Secret").is_empty());
+    let vwc = r.get("ValidatingWebhookConfiguration", FULL);
+    assert_eq!(
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{NS}/{FULL}-webhook-tls")
+    );
+    // A CA chain and a serving certificate for the service's DNS names, mounted.
+    let cert = r.get("Certificate", &format!("{FULL}-webhook-tls"));
+    let svc_name = format!("{FULL}-webhook");
+    assert_eq!(
+        cert["spec"]["dnsNames"],
+        serde_json::json!([
+            format!("{svc_name}.{NS}.svc"),
+            format!("{svc_name}.{NS}.svc.cluster.local")
+        ])
+    );
+    let secret = cert["spec"]["secretName"].as_str().unwrap();
+    let volumes = serde_json::to_string(&wh["spec"]["template"]["spec"]["volumes"]).unwrap();
+    assert!(
+        volumes.contains(secret),
+        "the webhook mounts {secret}: {volumes}"
+    );
+    assert_eq!(r.kind("Issuer").len(), 2, "self-signed root and CA issuer");
 }
 
 #[test]

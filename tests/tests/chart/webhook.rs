@@ -10,9 +10,10 @@
 //!   elsewhere; a job labelled `primus.dev/skip-validation=true` and a namespace labelled
 //!   `primus.dev/admission=disabled` never reach the webhook (its metrics say so); an invalid
 //!   TrainingPlan is denied.
-//! - self-signed mode, as the chart's webhook service account (impersonation) with the chart's
-//!   RBAC alone: the webhook patches the caBundle of its configuration, turns ready, and the
-//!   API server then trusts it.
+//! - self-signed mode (the default), as the chart's webhook service account (impersonation) with
+//!   the chart's RBAC alone: the webhook fills the chart's empty Secret, patches the caBundle of
+//!   its configuration, turns ready, and the API server then trusts it (two replicas and a CA
+//!   rotation: rotation.rs).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,12 +26,12 @@ use serde_json::{Value, json};
 
 use super::helm::{Helm, Rendered};
 
-const OOM_JOB: &str = "webhook/examples/oom-pytorchjob.yaml";
-const FITTING_JOB: &str = "webhook/examples/fitting-pytorchjob.yaml";
+pub(super) const OOM_JOB: &str = "webhook/examples/oom-pytorchjob.yaml";
+pub(super) const FITTING_JOB: &str = "webhook/examples/fitting-pytorchjob.yaml";
 const MODEL_FLAGS: &str =
     "--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64";
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -38,7 +39,7 @@ fn free_port() -> u16 {
 }
 
 /// GET over plain HTTP/1.0: (status, body).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(super) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
@@ -49,7 +50,7 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// The sum of `primus_webhook_admissions_total` series whose labels contain `filter`.
-fn admissions(metrics_port: u16, filter: &str) -> f64 {
+pub(super) fn admissions(metrics_port: u16, filter: &str) -> f64 {
     let (_, text) = http_get(metrics_port, "/metrics").unwrap_or_default();
     text.lines()
         .filter(|l| l.starts_with("primus_webhook_admissions_total{") && l.contains(filter))
@@ -58,21 +59,22 @@ fn admissions(metrics_port: u16, filter: &str) -> f64 {
 }
 
 /// A webhook process, killed (and its log shown on failure) when dropped.
-struct Webhook {
+pub(super) struct Webhook {
     child: Child,
     log: PathBuf,
-    metrics_port: u16,
-    port: u16,
+    pub(super) metrics_port: u16,
+    pub(super) port: u16,
 }
 
 impl Webhook {
-    /// Start `primus-webhook` with the chart's arguments of `rendered`, on loopback ports and
-    /// with `replace` applied to the flags named in it.
-    fn start(
+    /// Start `primus-webhook` with the chart's arguments of `rendered`, on loopback ports,
+    /// with `replace` applied to the flags named in it (flags the chart does not pass are
+    /// added), in namespace `chart-webhook` unless `env` says otherwise.
+    pub(super) fn start(
         rendered: &Rendered,
         full: &str,
         replace: &[(&str, String)],
-        env: &[(&str, &Path)],
+        env: &[(&str, String)],
         dir: &Path,
     ) -> Webhook {
         let deploy = rendered.get("Deployment", &format!("{full}-webhook"));
@@ -95,6 +97,11 @@ impl Webhook {
             };
             args.push(value.map_or_else(|| a.to_string(), |v| format!("{flag}={v}")));
         }
+        for (flag, v) in replace {
+            if !args.iter().any(|a| a.split('=').next() == Some(flag)) {
+                args.push(format!("{flag}={v}"));
+            }
+        }
         let log = dir.join(format!("webhook-{port}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(binary("primus-webhook"));
@@ -116,7 +123,7 @@ impl Webhook {
         }
     }
 
-    fn wait_ready(&mut self) {
+    pub(super) fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if http_get(self.metrics_port, "/readyz").is_some_and(|(c, _)| c == 200) {
@@ -157,7 +164,7 @@ impl Drop for Webhook {
 }
 
 /// Cluster-scoped objects of one test, deleted when it ends.
-struct Cleanup(Kubectl, Vec<String>);
+pub(super) struct Cleanup(pub(super) Kubectl, pub(super) Vec<String>);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for o in &self.1 {
@@ -170,7 +177,7 @@ impl Drop for Cleanup {
 
 /// The chart's webhook configuration, pointed at `port` and narrowed to namespaces labelled
 /// `primus-chart-test=ID`.
-fn registration(rendered: &Rendered, name: &str, port: u16, id: &str) -> Value {
+pub(super) fn registration(rendered: &Rendered, name: &str, port: u16, id: &str) -> Value {
     let mut vwc = rendered.kind("ValidatingWebhookConfiguration")[0].clone();
     vwc["metadata"]["name"] = json!(name);
     for h in vwc["webhooks"].as_array_mut().unwrap() {
@@ -191,7 +198,7 @@ fn registration(rendered: &Rendered, name: &str, port: u16, id: &str) -> Value {
     vwc
 }
 
-fn labelled_namespace(
+pub(super) fn labelled_namespace(
     tb: &TestBed,
     id: &str,
     admission: Option<&str>,
@@ -211,13 +218,13 @@ fn labelled_namespace(
     ns
 }
 
-fn apply(k: &Kubectl, ns: &str, manifest: &str, extra: &[&str]) -> std::process::Output {
+pub(super) fn apply(k: &Kubectl, ns: &str, manifest: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["apply", "-n", ns, "-f", "-"];
     args.extend_from_slice(extra);
     k.run_stdin(&args, manifest)
 }
 
-fn job(file: &str, name: &str) -> String {
+pub(super) fn job(file: &str, name: &str) -> String {
     let text = std::fs::read_to_string(repo_root().join(file)).expect("example job");
     let first = text
         .lines()
@@ -326,7 +333,7 @@ fn base64(bytes: &[u8]) -> String {
     }
 }
 
-fn scratch(tag: &str) -> PathBuf {
+pub(super) fn scratch(tag: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("primus-chart-webhook-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -335,7 +342,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 /// Wait until the API server calls the webhook for `ns` (its configuration cache lags).
-fn wait_enforced(k: &Kubectl, ns: &str) {
+pub(super) fn wait_enforced(k: &Kubectl, ns: &str) {
     let probe = job(OOM_JOB, "probe");
     wait_for(
         Duration::from_secs(60),
@@ -347,7 +354,7 @@ fn wait_enforced(k: &Kubectl, ns: &str) {
     );
 }
 
-fn ensure_crds(k: &Kubectl) {
+pub(super) fn ensure_crds(k: &Kubectl) {
     for (name, file) in [
         (
             "pytorchjobs.kubeflow.org",
@@ -518,8 +525,67 @@ fn the_charts_webhook_configuration_routes_and_filters_as_documented() {
     assert!(admissions(w.metrics_port, "kind=\"TrainingPlan\"") >= 1.0);
 }
 
+/// Apply the chart's webhook service account, roles, bindings and (self-signed mode) its empty
+/// Secret in `ns`; the cluster-scoped ones and the configuration `full` are deleted on drop.
+pub(super) fn install_webhook_rbac(k: &Kubectl, r: &Rendered, full: &str, ns: &str) -> Cleanup {
+    let named = format!("{full}-webhook");
+    let secret = format!("{full}-webhook-certs");
+    let objects: Vec<&Value> = r
+        .objects
+        .iter()
+        .filter(|o| {
+            let n = o["metadata"]["name"].as_str().unwrap_or_default();
+            let kind = o["kind"].as_str().unwrap_or_default();
+            (n == named
+                && [
+                    "ServiceAccount",
+                    "ClusterRole",
+                    "ClusterRoleBinding",
+                    "Role",
+                    "RoleBinding",
+                ]
+                .contains(&kind))
+                || (n == secret && kind == "Secret")
+        })
+        .collect();
+    assert_eq!(
+        objects.len(),
+        6,
+        "the webhook's service account, roles, bindings and Secret"
+    );
+    let cleanup = Cleanup(
+        k.clone(),
+        vec![
+            format!("clusterrole/{named}"),
+            format!("clusterrolebinding/{named}"),
+            format!("validatingwebhookconfiguration/{full}"),
+        ],
+    );
+    let manifests: String = objects.iter().map(|o| format!("---\n{o}\n")).collect();
+    let out = apply(k, ns, &manifests, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    cleanup
+}
+
+/// A kubeconfig of the test bed that impersonates service account `ns/name`.
+pub(super) fn service_account_kubeconfig(
+    tb: &TestBed,
+    dir: &Path,
+    ns: &str,
+    name: &str,
+) -> PathBuf {
+    let text = std::fs::read_to_string(&tb.kubeconfig).unwrap();
+    let mut cfg: Value = serde_saphyr::from_str(&text).unwrap();
+    for u in cfg["users"].as_array_mut().unwrap() {
+        u["user"]["as"] = json!(format!("system:serviceaccount:{ns}:{name}"));
+    }
+    let kubeconfig = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&kubeconfig, cfg.to_string()).unwrap();
+    kubeconfig
+}
+
 #[test]
-fn self_signed_mode_patches_its_configuration_under_the_chart_rbac() {
+fn self_signed_mode_keeps_its_secret_and_configuration_under_the_chart_rbac() {
     let Some(tb) = testbed!() else { return };
     let Some(helm) = Helm::find(module_path!()) else {
         return;
@@ -545,34 +611,8 @@ fn self_signed_mode_patches_its_configuration_under_the_chart_rbac() {
             "rbac.aggregateToDefaultRoles=false",
         ],
     );
-    // The webhook's service account, ClusterRole and binding, for real.
-    let objects: Vec<&Value> = r
-        .objects
-        .iter()
-        .filter(|o| {
-            let n = o["metadata"]["name"].as_str().unwrap_or_default();
-            n == format!("{full}-webhook")
-                && ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
-                    .iter()
-                    .any(|k| o["kind"] == *k)
-        })
-        .collect();
-    assert_eq!(
-        objects.len(),
-        3,
-        "the webhook's service account, role and binding"
-    );
-    let _cleanup = Cleanup(
-        k.clone(),
-        vec![
-            format!("clusterrole/{full}-webhook"),
-            format!("clusterrolebinding/{full}-webhook"),
-            format!("validatingwebhookconfiguration/{full}"),
-        ],
-    );
-    let manifests: String = objects.iter().map(|o| format!("---\n{o}\n")).collect();
-    let out = apply(&k, &ns.name, &manifests, &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // The webhook's service account, roles, bindings and Secret, for real.
+    let _cleanup = install_webhook_rbac(&k, &r, &full, &ns.name);
 
     // The configuration first, without a caBundle, as the chart renders it.
     let port_hint = free_port();
@@ -580,27 +620,34 @@ fn self_signed_mode_patches_its_configuration_under_the_chart_rbac() {
     let mut vwc = registration(&r, &full, 0, &id);
     assert!(vwc["webhooks"][0]["clientConfig"].get("caBundle").is_none());
 
-    // As the webhook's service account.
-    let text = std::fs::read_to_string(&tb.kubeconfig).unwrap();
-    let mut cfg: Value = serde_saphyr::from_str(&text).unwrap();
-    for u in cfg["users"].as_array_mut().unwrap() {
-        u["user"]["as"] = json!(format!("system:serviceaccount:{}:{full}-webhook", ns.name));
-    }
-    let kubeconfig = dir.join("webhook.kubeconfig");
-    std::fs::write(&kubeconfig, cfg.to_string()).unwrap();
-    let can = |verb: &str, name: &str| {
-        let out = Kubectl::new(&kubeconfig).run(&[
-            "auth",
-            "can-i",
-            verb,
-            &format!("validatingwebhookconfigurations/{name}"),
-        ]);
+    // As the webhook's service account: its configuration and its Secret, nothing else.
+    let kubeconfig = service_account_kubeconfig(&tb, &dir, &ns.name, &format!("{full}-webhook"));
+    let can = |verb: &str, what: &str| {
+        let out = Kubectl::new(&kubeconfig).run(&["auth", "can-i", "-n", &ns.name, verb, what]);
         stdout(&out).trim() == "yes"
     };
-    assert!(can("patch", &full) && can("get", &full));
-    assert!(!can("patch", "someone-elses") && !can("delete", &full) && !can("create", &full));
+    let hook = |name: &str| format!("validatingwebhookconfigurations/{name}");
+    assert!(can("patch", &hook(&full)) && can("get", &hook(&full)));
+    assert!(
+        !can("patch", &hook("someone-elses"))
+            && !can("delete", &hook(&full))
+            && !can("create", &hook(&full))
+    );
+    let secret = |name: &str| format!("secrets/{name}");
+    let own = format!("{full}-webhook-certs");
+    assert!(can("get", &secret(&own)) && can("update", &secret(&own)));
+    assert!(
+        !can("get", &secret("someone-elses"))
+            && !can("list", "secrets")
+            && !can("create", "secrets")
+            && !can("delete", &secret(&own))
+    );
 
-    let mut w = Webhook::start(&r, &full, &[], &[("KUBECONFIG", &kubeconfig)], &dir);
+    let env = [
+        ("KUBECONFIG", kubeconfig.display().to_string()),
+        ("POD_NAMESPACE", ns.name.clone()),
+    ];
+    let mut w = Webhook::start(&r, &full, &[], &env, &dir);
     // Point the configuration at the port it got, then wait for the patch.
     for h in vwc["webhooks"].as_array_mut().unwrap() {
         let url = h["clientConfig"]["url"]
@@ -620,12 +667,17 @@ fn self_signed_mode_patches_its_configuration_under_the_chart_rbac() {
         "json",
     ]))
     .unwrap();
+    // The Secret holds the CA, and the caBundle is its `ca.crt`.
+    let secret: Value =
+        serde_json::from_str(&k.ok(&["get", "secret", "-n", &ns.name, &own, "-o", "json"]))
+            .unwrap();
+    for key in ["ca.crt", "signer.crt", "signer.key", "tls.crt", "tls.key"] {
+        assert!(secret["data"][key].is_string(), "the Secret has no {key}");
+    }
     for h in live["webhooks"].as_array().unwrap() {
-        assert!(
-            h["clientConfig"]["caBundle"]
-                .as_str()
-                .is_some_and(|s| !s.is_empty()),
-            "webhook {} has no caBundle after the patch",
+        assert_eq!(
+            h["clientConfig"]["caBundle"], secret["data"]["ca.crt"],
+            "webhook {}'s caBundle is not the Secret's ca.crt",
             h["name"]
         );
     }

@@ -1,0 +1,346 @@
+//! The optimizer and activation memory options against hand-derived bytes (issue 15): the
+//! precision-aware optimizer's dtypes, optimizer CPU offload, FP8 parameters, dropout masks,
+//! layer-level activation offload, the allocator's overhead and the communicator buffers; and
+//! their legality rules.
+
+use primus_oracle::layout::{Fraction, Layout, OptimizerDtype, Recompute};
+use primus_oracle::memory::allocator::{COMMUNICATOR_BYTES, communicators};
+use primus_oracle::memory::{
+    Keep, MemoryOptions, estimate, layer_activation_bytes, optimizer::PARAM_REMAINDER_BYTES,
+};
+use primus_oracle::model::LayerKind;
+use primus_oracle::precision::Precision;
+use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
+
+fn scenario(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
+    let c = Catalog::builtin().unwrap();
+    Scenario {
+        model: c.model(model).unwrap().clone(),
+        hardware: c.hardware(gpu).unwrap().clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node: 8,
+        },
+        training: Training {
+            seq_length: seq,
+            global_batch_size: gbs,
+            precision: Precision::Bf16,
+        },
+    }
+}
+
+/// Llama 2 7B (6,738,415,616 parameters) on 8 GPUs, TP1 PP1 DP8.
+const P: f64 = 6_738_415_616.0;
+
+fn llama2_7b() -> Scenario {
+    scenario("llama2-7b", "h100-sxm", 8, 4096, 8)
+}
+
+fn state(l: &Layout) -> (f64, f64, f64) {
+    let st = estimate(&llama2_7b(), l).stages[0].clone();
+    (st.weights_bytes, st.gradients_bytes, st.optimizer_bytes)
+}
+
+#[test]
+fn precision_aware_optimizer_bytes_per_parameter() {
+    // Primus' MI355X recipes: BF16 main grads and moments, FP32 master stored as the 16-bit
+    // remainders of the BF16 weights (TE FusedAdam store_param_remainders): 2 + 2 unsharded,
+    // remainder 2 + m 2 + v 2 sharded: 4 + 6/d; the optimizer reads the BF16 gradient buffer in
+    // place, so no FP32 gradient copy.
+    let bf16 = Layout {
+        precision_aware_optimizer: true,
+        main_grads_dtype: OptimizerDtype::Bf16,
+        exp_avg_dtype: OptimizerDtype::Bf16,
+        exp_avg_sq_dtype: OptimizerDtype::Bf16,
+        ..Layout::default()
+    };
+    let (w, g, o) = state(&bf16);
+    assert_eq!((w, g, o), (2.0 * P, 2.0 * P, 6.0 * P / 8.0));
+    assert_eq!(PARAM_REMAINDER_BYTES, 2.0);
+    // All-FP32 dtypes: 2 + 4 unsharded, remainder 2 + 4 + 4 sharded: 6 + 10/d.
+    let fp32 = Layout {
+        precision_aware_optimizer: true,
+        ..Layout::default()
+    };
+    assert_eq!(state(&fp32), (2.0 * P, 4.0 * P, 10.0 * P / 8.0));
+    // Megatron-Bridge's Qwen3 recipe: FP32 dtypes with grad_reduce_in_fp32 False: a BF16
+    // gradient buffer read in place (2 + 2 + 10/d).
+    let bridge = Layout {
+        grad_reduce_in_fp32: false,
+        ..fp32.clone()
+    };
+    assert_eq!(state(&bridge), (2.0 * P, 2.0 * P, 10.0 * P / 8.0));
+    // FP16 master weights and FP8 moments: 2 + 1 + 1 = 4 bytes sharded.
+    let small = Layout {
+        main_params_dtype: OptimizerDtype::Fp16,
+        exp_avg_dtype: OptimizerDtype::Fp8,
+        exp_avg_sq_dtype: OptimizerDtype::Fp8,
+        ..fp32
+    };
+    assert_eq!(state(&small).2, 4.0 * P / 8.0);
+}
+
+#[test]
+fn optimizer_cpu_offload_moves_what_megatron_moves() {
+    // Without the precision-aware optimizer the HybridDeviceOptimizer gets MCore's FP32 master
+    // shards, which stay referenced on the GPU: a fraction f of the parameters moves its two
+    // FP32 moments (8 bytes) to the CPU: (4 + 8(1 - f))/d. Megatron-Bridge's sweep on
+    // Qwen3-30B-A3B measured exactly that (memory.csv MB-O1..O5, within 1%).
+    for (f, bytes) in [(0.0, 12.0), (0.25, 10.0), (0.5, 8.0), (1.0, 4.0)] {
+        let l = Layout {
+            optimizer_cpu_offload: true,
+            optimizer_offload_fraction: Fraction::new(f),
+            ..Layout::default()
+        };
+        assert_eq!(state(&l).2, bytes * P / 8.0, "fraction {f}");
+    }
+    // With it, the optimizer's parameters are the BF16 shards: the part left on the GPU gets
+    // an FP32 copy and FP32 moments, 12(1 - f)/d; with BF16 gradients also an FP32 gradient.
+    let l = Layout {
+        precision_aware_optimizer: true,
+        optimizer_cpu_offload: true,
+        optimizer_offload_fraction: Fraction::new(0.5),
+        ..Layout::default()
+    };
+    assert_eq!(state(&l).2, 6.0 * P / 8.0);
+    let l = Layout {
+        main_grads_dtype: OptimizerDtype::Bf16,
+        ..l
+    };
+    assert_eq!(state(&l).2, 8.0 * P / 8.0);
+}
+
+#[test]
+fn fp8_parameters_replace_the_bf16_weight_and_its_fp8_copies() {
+    // Without --fp8-param-gather every GEMM weight is BF16 (2) + FP8 copy and transpose (2);
+    // with it, FP8 data (1) + transpose (1). Llama 2 7B's GEMM weights: 6,476,005,376.
+    let mut s = llama2_7b();
+    s.training.precision = Precision::Fp8;
+    let copies = estimate(&s, &Layout::default()).stages[0].weights_bytes;
+    let l = Layout {
+        fp8_param_gather: true,
+        ..Layout::default()
+    };
+    let fp8 = estimate(&s, &l).stages[0].weights_bytes;
+    assert_eq!(copies - fp8, 2.0 * 6_476_005_376.0);
+    assert_eq!(fp8, 2.0 * P);
+}
+
+#[test]
+fn hidden_dropout_keeps_two_masks_per_layer_attention_dropout_none_with_flash() {
+    // Llama 3.1 8B, s 4096, b 1, TP2 with sequence parallelism: a 1-byte mask of s*b*h/t after
+    // the attention block and after the MLP.
+    let s = scenario("llama3.1-8b", "h100-sxm", 8, 4096, 8);
+    let base = Layout {
+        tp: 2,
+        attention_dropout: Fraction::ZERO,
+        hidden_dropout: Fraction::ZERO,
+        ..Layout::default()
+    };
+    let flash = MemoryOptions::default();
+    let bytes = |l: &Layout| layer_activation_bytes(&s, l, &flash, LayerKind::Dense, Keep::All);
+    let none = bytes(&base);
+    let hidden = bytes(&Layout {
+        hidden_dropout: Fraction::new(0.1),
+        ..base.clone()
+    });
+    assert_eq!(hidden - none, 2.0 * 4096.0 * 4096.0 / 2.0);
+    // Attention dropout under flash attention: the mask is regenerated, nothing kept.
+    let attention = bytes(&Layout {
+        attention_dropout: Fraction::new(0.1),
+        ..base.clone()
+    });
+    assert_eq!(attention, none);
+    // Without flash: the mask (1 byte) and the dropped-out probabilities (2 bytes) per score,
+    // a*s*s*b/t each.
+    let plain = MemoryOptions {
+        flash_attention: false,
+    };
+    let with = |l: &Layout| layer_activation_bytes(&s, l, &plain, LayerKind::Dense, Keep::All);
+    let scores = 32.0 * 4096.0 * 4096.0 / 2.0;
+    assert_eq!(
+        with(&Layout {
+            attention_dropout: Fraction::new(0.1),
+            ..base.clone()
+        }) - with(&base),
+        3.0 * scores
+    );
+    // Megatron's default (0.1 for both) is the layout default.
+    assert_eq!(Layout::default().hidden_dropout, Fraction::new(0.1));
+    assert_eq!(Layout::default().attention_dropout, Fraction::new(0.1));
+}
+
+#[test]
+fn activation_offload_keeps_one_offloaded_layer_on_the_gpu() {
+    // Qwen3-30B-A3B on 16 H100, TP2 EP4 PP1 (Megatron-Bridge's activation-offload experiment,
+    // memory.csv MB-O7): offloading 24 of 48 layers keeps 24 layers' activations plus one
+    // layer in transit.
+    let s = scenario("qwen3-30b-a3b", "h100-sxm", 16, 4096, 32);
+    let l = Layout {
+        tp: 2,
+        ep: 4,
+        micro_batch_size: 2,
+        attention_dropout: Fraction::ZERO,
+        hidden_dropout: Fraction::ZERO,
+        ..Layout::default()
+    };
+    let flash = MemoryOptions::default();
+    let per_layer = layer_activation_bytes(&s, &l, &flash, LayerKind::Moe, Keep::All);
+    let all = estimate(&s, &l).stages[0].activations_bytes;
+    let off = estimate(
+        &s,
+        &Layout {
+            activation_offload_layers: 24,
+            ..l.clone()
+        },
+    )
+    .stages[0]
+        .activations_bytes;
+    assert!(
+        ((all - off) - 23.0 * per_layer).abs() < 1.0,
+        "{}",
+        all - off
+    );
+}
+
+#[test]
+fn communicator_buffers_are_counted_per_process_group() {
+    // Llama 3.1 70B on 64 GPUs, TP4 PP8 (DP2): TP, DP and PP communicators; with CP2 (DP1)
+    // TP, CP, DP x CP, PP. Each holds NCCL's 9.19 MiB of buffers per channel and connection.
+    let s = scenario("llama3.1-70b", "h100-sxm", 64, 8192, 128);
+    let l = Layout {
+        tp: 4,
+        pp: 8,
+        ..Layout::default()
+    };
+    assert_eq!(communicators(&s, &l), 3);
+    let cp = Layout { cp: 2, ..l.clone() };
+    assert_eq!(communicators(&s, &cp), 4);
+    let st = estimate(&s, &l).stages[0].clone();
+    assert_eq!(st.communicator_bytes, 3.0 * COMMUNICATOR_BYTES);
+    // 9.1875 MiB x 16 channels x 2 connections.
+    assert_eq!(st.communicator_bytes / 3.0 / 1024f64.powi(2), 294.0);
+}
+
+#[test]
+fn expandable_segments_change_the_allocator_overhead_term() {
+    let s = llama2_7b();
+    let l = Layout::default();
+    let off = estimate(&s, &l).stages[0].clone();
+    assert_eq!(
+        off.fragmentation_bytes,
+        s.hardware.overheads.allocator_fragmentation * off.allocated_bytes
+    );
+    let on = estimate(
+        &s,
+        &Layout {
+            expandable_segments: true,
+            ..l
+        },
+    )
+    .stages[0]
+        .clone();
+    assert_eq!(
+        on.fragmentation_bytes,
+        primus_oracle::memory::allocator::EXPANDABLE_SEGMENTS_OVERHEAD * on.allocated_bytes
+    );
+}
+
+#[test]
+fn memory_option_rules_name_the_field() {
+    let s = llama2_7b();
+    let rule = |l: Layout| l.check(&s).map_err(|e| (e.rule, e.field)).err();
+    assert_eq!(
+        rule(Layout {
+            main_grads_dtype: OptimizerDtype::Bf16,
+            ..Layout::default()
+        }),
+        Some((
+            "optimizer-dtype-needs-pao",
+            "spec.parallelism.mainGradsDtype".to_string()
+        ))
+    );
+    assert_eq!(
+        rule(Layout {
+            precision_aware_optimizer: true,
+            main_params_dtype: OptimizerDtype::Bf16,
+            ..Layout::default()
+        })
+        .unwrap()
+        .0,
+        "optimizer-dtype"
+    );
+    assert_eq!(
+        rule(Layout {
+            precision_aware_optimizer: true,
+            distributed_optimizer: false,
+            ..Layout::default()
+        })
+        .unwrap()
+        .0,
+        "pao-needs-distributed-optimizer"
+    );
+    assert_eq!(
+        rule(Layout {
+            hidden_dropout: Fraction::new(1.0),
+            ..Layout::default()
+        })
+        .unwrap()
+        .0,
+        "dropout-range"
+    );
+    assert_eq!(
+        rule(Layout {
+            optimizer_cpu_offload: true,
+            optimizer_offload_fraction: Fraction::new(1.5),
+            ..Layout::default()
+        })
+        .unwrap()
+        .0,
+        "offload-fraction-range"
+    );
+    assert_eq!(
+        rule(Layout {
+            fp8_param_gather: true,
+            ..Layout::default()
+        })
+        .unwrap()
+        .0,
+        "fp8-param-gather-needs-fp8"
+    );
+    for (l, id) in [
+        (
+            Layout {
+                activation_offload_layers: 32,
+                ..Layout::default()
+            },
+            "activation-offload-layers",
+        ),
+        (
+            Layout {
+                activation_offload_layers: 4,
+                recompute: Recompute::Selective,
+                ..Layout::default()
+            },
+            "activation-offload-no-recompute",
+        ),
+    ] {
+        assert_eq!(rule(l).unwrap().0, id);
+    }
+    let s64 = scenario("llama2-7b", "h100-sxm", 16, 4096, 16);
+    let pp = Layout {
+        pp: 2,
+        activation_offload_layers: 4,
+        ..Layout::default()
+    };
+    assert_eq!(pp.check(&s64).unwrap_err().rule, "activation-offload-no-pp");
+    // NaN never passes.
+    assert!(
+        rule(Layout {
+            attention_dropout: Fraction::new(f64::NAN),
+            ..Layout::default()
+        })
+        .is_some()
+    );
+}

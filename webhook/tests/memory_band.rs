@@ -1,0 +1,255 @@
+//! The webhook's decision function against every run of every validation CSV (issue 15): no
+//! run that ran is denied (the throughput CSVs' rows all ran; the memory set's `ran` rows), a
+//! job over usable memory within the measured error band is admitted with a warning stating
+//! the band, beyond it denied with the band in the message, and a job carrying a
+//! memory-relevant flag the model does not model is admitted with a warning naming the flag.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use primus_oracle::layout::{Fraction, Layout};
+use primus_oracle::memory::{self, Band};
+use primus_oracle::precision::Precision;
+use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::validate::memory::{Framework, Outcome, row_jobs};
+use primus_webhook::pytorchjob::{DerivedJob, LayoutSource};
+use primus_webhook::validate::{Reason, Verdict};
+
+const MEMORY: &str = include_str!("../../oracle/tests/data/memory.csv");
+const PUBLISHED: &str = include_str!("../../oracle/tests/data/published.csv");
+const EXTRA: &str = include_str!("../../oracle/tests/data/extra.csv");
+
+/// Published rows whose recorded configuration cannot be what ran, with the reason; their
+/// verdict is not a false denial of the model.
+const INCONSISTENT_ROWS: &[(&str, &str)] = &[(
+    "N4",
+    "gpt-oss-120b on 64 H100 is listed with MBS 4, which contradicts the same table's GA 2 \
+     (512 / (4 x DP 16) = 8) and the recipe of the time (Megatron-Bridge 7fca53411 \
+     scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py: H100 keeps the base \
+     micro-batch size 1 with recompute [layernorm, moe_act]), which fits \
+     (oracle/tests/recompute_modules.rs)",
+)];
+
+fn job(s: Scenario, l: Layout) -> DerivedJob {
+    DerivedJob {
+        scenario: s,
+        layout: l,
+        layout_source: LayoutSource::Annotation,
+        gpu_source: String::new(),
+        notes: Vec::new(),
+        unmodelled: Vec::new(),
+    }
+}
+
+fn judge(j: &DerivedJob) -> Verdict {
+    validator().judge(j, Instant::now() + Duration::from_secs(5))
+}
+
+#[test]
+fn no_run_that_ran_is_denied() {
+    let c = Catalog::builtin().unwrap();
+    let mut judged = 0;
+    let mut warned = Vec::new();
+    for (file, text) in [
+        ("memory.csv", MEMORY),
+        ("published.csv", PUBLISHED),
+        ("extra.csv", EXTRA),
+    ] {
+        for r in row_jobs(text, &c).unwrap() {
+            if r.outcome != Outcome::Ran || r.framework == Framework::TorchTitan {
+                continue;
+            }
+            judged += 1;
+            let v = judge(&job(r.scenario, r.layout));
+            if let Some((_, why)) = INCONSISTENT_ROWS.iter().find(|(id, _)| *id == r.id) {
+                assert!(
+                    !v.allowed,
+                    "{file} {} is admitted now: drop it from the list ({why})",
+                    r.id
+                );
+                continue;
+            }
+            assert!(
+                v.allowed,
+                "{file} {} ran but is denied: {}",
+                r.id, v.message
+            );
+            if !v.warnings.is_empty() {
+                warned.push(format!("{file} {}", r.id));
+            }
+        }
+    }
+    // memory.csv: 57 Megatron-family rows that ran (47 + the 10 without a peak); the
+    // throughput CSVs: 23 + 29.
+    assert!(judged >= 100, "{judged} rows judged");
+    println!("{judged} runs judged, admitted with a warning: {warned:?}");
+}
+
+#[test]
+fn oom_runs_the_model_covers_are_never_admitted_silently() {
+    // Every run that ran out of memory, of the configurations the model covers (no option it
+    // lacks), is denied or admitted with a warning: none passes as plainly fitting.
+    let c = Catalog::builtin().unwrap();
+    let mut checked = 0;
+    for r in row_jobs(MEMORY, &c).unwrap() {
+        if r.outcome != Outcome::Oom || r.needs_option.is_some() {
+            continue;
+        }
+        checked += 1;
+        let v = judge(&job(r.scenario, r.layout));
+        assert!(
+            !v.allowed || !v.warnings.is_empty(),
+            "{} ran out of memory but is admitted without a warning",
+            r.id
+        );
+    }
+    assert!(checked >= 2, "{checked}");
+}
+
+fn gpt_oss_on_b200(micro_batch_size: u32) -> (Scenario, Layout) {
+    let c = Catalog::builtin().unwrap();
+    let s = Scenario {
+        model: c.model("gpt-oss-120b").unwrap().clone(),
+        hardware: c.hardware("b200").unwrap().clone(),
+        cluster: Cluster {
+            gpus: 64,
+            gpus_per_node: 8,
+        },
+        training: Training {
+            seq_length: 4096,
+            global_batch_size: 512,
+            precision: Precision::Bf16,
+        },
+    };
+    let l = Layout {
+        ep: 8,
+        micro_batch_size,
+        grad_reduce_in_fp32: false,
+        attention_dropout: Fraction::ZERO,
+        hidden_dropout: Fraction::ZERO,
+        ..Layout::default()
+    };
+    (s, l)
+}
+
+#[test]
+fn over_usable_within_the_band_is_admitted_with_a_warning_beyond_it_denied() {
+    // gpt-oss-120b on 64 B200 with BF16 gradients, PP1 EP8: MBS 4 is predicted a few percent
+    // over usable (published row N12, which ran), MBS 8 far beyond the MoE band.
+    let (s, l) = gpt_oss_on_b200(4);
+    let band = Band::of(&s);
+    let usable = s.hardware.usable_bytes();
+    let (peak, _) = memory::peak_bytes(&s, &l);
+    assert!(
+        peak > usable && peak <= band.deny_above(usable),
+        "{} GiB",
+        peak / 1024f64.powi(3)
+    );
+    let v = judge(&job(s.clone(), l.clone()));
+    assert!(v.allowed);
+    assert_eq!(v.reason, Reason::WithinBand);
+    assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
+    assert!(
+        v.warnings[0]
+            .contains("within the memory model's measured error band -28%/+8% (Megatron MoE jobs)"),
+        "{:?}",
+        v.warnings
+    );
+    let big = Layout {
+        micro_batch_size: 8,
+        ..l
+    };
+    assert!(memory::peak_bytes(&s, &big).0 > band.deny_above(usable));
+    let v = judge(&job(s.clone(), big.clone()));
+    assert!(!v.allowed);
+    assert_eq!(v.reason, Reason::Oom);
+    assert!(
+        v.message
+            .contains("beyond the memory model's measured error band -28%/+8% (Megatron MoE jobs)"),
+        "{}",
+        v.message
+    );
+    // The same job with a memory-relevant flag the model does not model is admitted, with a
+    // warning naming the flag.
+    let mut unmodelled = job(s, big);
+    unmodelled
+        .unmodelled
+        .push(("--cuda-graph-impl".into(), "CUDA-graph memory pools"));
+    let v = judge(&unmodelled);
+    assert!(v.allowed, "{}", v.message);
+    assert_eq!(v.reason, Reason::Unmodelled);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("--cuda-graph-impl") && w.contains("does not model")),
+        "{:?}",
+        v.warnings
+    );
+}
+
+#[test]
+fn a_fitting_job_with_an_unmodelled_flag_gets_a_warning_naming_it() {
+    let (s, l) = gpt_oss_on_b200(1);
+    let mut j = job(s, l);
+    j.unmodelled
+        .push(("--moe-enable-deepep".into(), "DeepEP dispatcher buffers"));
+    let v = judge(&j);
+    assert!(v.allowed);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("--moe-enable-deepep (DeepEP dispatcher buffers)")),
+        "{:?}",
+        v.warnings
+    );
+}
+
+#[test]
+fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
+    use primus_webhook::pytorchjob::derive;
+    let mut job = example("fitting-pytorchjob");
+    edit_script(
+        &mut job,
+        "--use-flash-attn",
+        "--use-flash-attn --hidden-dropout 0.0 --attention-dropout 0.0 \
+         --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
+         --exp-avg-sq-dtype bf16 --cuda-graph-impl transformer_engine",
+    );
+    for r in job["spec"]["pytorchReplicaSpecs"]
+        .as_object_mut()
+        .unwrap()
+        .values_mut()
+    {
+        r["template"]["spec"]["containers"][0]["env"] = serde_json::json!([
+            {"name": "PYTORCH_HIP_ALLOC_CONF", "value": "expandable_segments:True"}
+        ]);
+    }
+    let c = Catalog::builtin().unwrap();
+    let d = derive(&job, &Default::default(), &c).expect("derivable");
+    assert_eq!(d.layout.hidden_dropout, Fraction::ZERO);
+    assert!(d.layout.precision_aware_optimizer && d.layout.expandable_segments);
+    assert_eq!(
+        d.layout.exp_avg_dtype,
+        primus_oracle::layout::OptimizerDtype::Bf16
+    );
+    assert_eq!(
+        d.unmodelled,
+        vec![("--cuda-graph-impl".to_string(), "CUDA-graph memory pools")]
+    );
+    let v = judge(&d);
+    assert!(v.allowed);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("--cuda-graph-impl (CUDA-graph memory pools)")),
+        "{:?}",
+        v.warnings
+    );
+    // A dtype the precision-aware optimizer does not take names its flag.
+    edit_script(&mut job, "--exp-avg-dtype bf16", "--exp-avg-dtype int4");
+    let e = derive(&job, &Default::default(), &c).unwrap_err();
+    assert!(e.to_string().contains("--exp-avg-dtype"), "{e}");
+}
