@@ -9,11 +9,12 @@ use std::time::Instant;
 
 use primus_oracle::plan::{SearcherKind, parse_plan};
 use primus_oracle::profiles::Catalog;
+use primus_oracle::tune::agent::reply_schema;
 use primus_oracle::tune::prefilter::Prefilter;
 use primus_oracle::tune::tune_plan;
 use primus_tests::llm::Options;
 use primus_tests::llm_server;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// Llama 3.1 8B on 16 H100s with a small search space (tp 1-8, pp 1-2, no cp).
 const PLAN: &str = "spec:
@@ -26,50 +27,9 @@ const PLAN: &str = "spec:
     allowed: {tp: [1, 2, 4, 8], pp: [1, 2], cp: [1]}
 ";
 
-/// Layouts per reply at most (the schema's `maxItems`), to keep a round short on 2 cores.
+/// Layouts per reply at most (`--agent-proposals`, the reply schema's `maxItems`), to keep a
+/// round short on 2 cores.
 const MAX_LAYOUTS: u64 = 2;
-
-/// The agent's reply, `{"layouts": [...]}`, as a JSON schema: the fields its system prompt
-/// names, integers from 1 (the model may still propose values outside the allowed lists and
-/// layouts that break the rules: those are rejected, with the reason fed back).
-fn reply_schema() -> Value {
-    let int = json!({"type": "integer", "minimum": 1, "maximum": 64});
-    let fields = [
-        "tp",
-        "pp",
-        "vpp",
-        "cp",
-        "ep",
-        "etp",
-        "microBatchSize",
-        "recompute",
-        "distributedOptimizer",
-        "schedule",
-    ];
-    let mut props = serde_json::Map::new();
-    for f in &fields[..7] {
-        props.insert((*f).into(), int.clone());
-    }
-    props.insert(
-        "recompute".into(),
-        json!({"enum": ["none", "selective", "full"]}),
-    );
-    props.insert("distributedOptimizer".into(), json!({"type": "boolean"}));
-    props.insert(
-        "schedule".into(),
-        json!({"enum": ["1f1b", "interleaved", "zero-bubble"]}),
-    );
-    json!({
-        "type": "object",
-        "properties": {"layouts": {
-            "type": "array", "minItems": 1, "maxItems": MAX_LAYOUTS,
-            "items": {"type": "object", "properties": props, "required": fields,
-                      "additionalProperties": false}
-        }},
-        "required": ["layouts"],
-        "additionalProperties": false
-    })
-}
 
 fn count(agent: &Value, name: &str) -> u64 {
     agent[name]
@@ -79,8 +39,10 @@ fn count(agent: &Value, name: &str) -> u64 {
 
 #[test]
 fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
+    // The agent sends its own `response_format` (the oracle's reply schema), which the server
+    // enforces with a grammar; the launcher's adapter passes it through and counts requests.
     let opts = Options {
-        json_schema: Some(reply_schema()),
+        json_schema: Some(reply_schema(MAX_LAYOUTS as usize)),
         max_tokens: 1024,
         ..Options::default()
     };
@@ -91,6 +53,7 @@ fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
     let plan_file = dir.path().join("plan.yaml");
     std::fs::write(&plan_file, PLAN).unwrap();
     let rounds = 2u64;
+    let trials = dir.path().join("trials.jsonl");
 
     let start = Instant::now();
     let out = assert_cmd::Command::cargo_bin("primus")
@@ -103,6 +66,9 @@ fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
             llm.model(),
         ])
         .args(["--agent-rounds", &rounds.to_string()])
+        .args(["--agent-proposals", &MAX_LAYOUTS.to_string()])
+        .arg("--trials")
+        .arg(&trials)
         .args(["--agent-timeout-seconds", "900", "-f"])
         .arg(&plan_file)
         .output()
@@ -122,7 +88,8 @@ fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
         elapsed.as_secs_f64() / rounds as f64
     ));
 
-    // Every request was answered by the real server, and it saw exactly those requests.
+    // Every request was answered by the real server, and it saw exactly those requests, each
+    // asking for the reply schema.
     assert_eq!(v["searcher"], "agent");
     assert_eq!(count(agent, "rounds"), rounds);
     assert_eq!(count(agent, "requests"), rounds);
@@ -175,4 +142,37 @@ fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
         "agent {got} < seed {}",
         seed.projection.tokens_per_second_per_gpu
     );
+
+    // Each reply's proposals are in the trials, with a verdict and, when rejected, a reason.
+    let lines: Vec<Value> = std::fs::read_to_string(&trials)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let agent_trials: Vec<&Value> = lines.iter().filter(|t| t["source"] == "agent").collect();
+    assert_eq!(agent_trials.len() as u64, proposals, "{agent_trials:?}");
+    for t in &agent_trials {
+        let verdict = t["verdict"].as_str().unwrap();
+        assert!(
+            t["round"]
+                .as_u64()
+                .is_some_and(|r| (1..=rounds).contains(&r))
+        );
+        if verdict.starts_with("rejected") || verdict == "outsideSpace" || verdict == "malformed" {
+            assert!(t["reason"].is_string(), "a rejection without a reason: {t}");
+        }
+    }
+    primus_tests::loud(&format!(
+        "---- SmolLM2's proposals: {}\n",
+        agent_trials
+            .iter()
+            .map(|t| format!(
+                "round {} {} {}",
+                t["round"],
+                t["label"].as_str().unwrap_or("-"),
+                t["verdict"]
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
+    ));
 }

@@ -8,6 +8,7 @@
 //! definition. [`TrainingPlanSpec::to_oracle`] converts at the edge, through the oracle's
 //! parser, so both paths apply the same rules and name fields the same way.
 
+pub mod agent;
 pub mod annotations;
 pub mod benchmark_report;
 pub mod crdgen;

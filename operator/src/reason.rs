@@ -50,6 +50,8 @@ pub enum Reason {
     LayoutGiven,
     /// The tuner is still searching.
     Searching,
+    /// Searcher `agent` without a working LLM endpoint: the exhaustive search's answer.
+    AgentUnavailable,
     NoFeasibleLayout,
     // JobCreated.
     Created,
@@ -106,6 +108,7 @@ impl Reason {
             Reason::Tuned => "Tuned",
             Reason::LayoutGiven => "LayoutGiven",
             Reason::Searching => "Searching",
+            Reason::AgentUnavailable => "AgentUnavailable",
             Reason::NoFeasibleLayout => "NoFeasibleLayout",
             Reason::Created => "Created",
             Reason::Started => "Started",
@@ -153,6 +156,7 @@ impl Reason {
             | Reason::BenchmarkPodRefused
             | Reason::JobRefused
             | Reason::StatusWriteRefused
+            | Reason::AgentUnavailable
             | Reason::Tuning => Severity::Warning,
             _ => Severity::Normal,
         }

@@ -182,6 +182,9 @@ pub struct AgentSpec {
     /// Per-request timeout, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u32>,
+    /// Wall time for the whole agent search, seconds: no round starts after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_seconds: Option<u32>,
 }
 
 /// Default usable fraction of GPU memory for the tuner.

@@ -10,6 +10,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod chat;
 pub mod deny_webhook;
 pub mod kubectl;
 pub mod llm;
