@@ -325,7 +325,7 @@ use primus_tests::chat::{self, ChatServer};
 
 /// Llama 3.1 8B on 16 H100s whose reference turns the data-parallel overlaps off: the grid
 /// keeps them off for every candidate, an agent may turn them on.
-const OVERLAPS_OFF: &str = "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n  parallelism: {tp: 2, overlapGradReduce: false, overlapParamGather: false}\n";
+const OVERLAPS_OFF: &str = "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n  parallelism: {tp: 2, overlapGradReduce: false, overlapParamGather: false}\n  tuning: {fixed: {fsdp: false}}\n";
 
 fn overlaps_off() -> Plan {
     parse_plan(OVERLAPS_OFF, "agent.yaml", &Catalog::builtin().unwrap()).unwrap()

@@ -20,7 +20,7 @@ use primus_tests::testbed;
 /// them off; the scripted model turns them on).
 fn plan_yaml(name: &str, agent: &str) -> String {
     format!(
-        "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata:\n  name: {name}\nspec:\n  model: {{preset: llama3.1-8b}}\n  cluster: {{gpu: h100-sxm, gpus: 16}}\n  training: {{seqLength: 4096, globalBatchSize: 64}}\n  parallelism: {{tp: 2, overlapGradReduce: false, overlapParamGather: false}}\n  tuning: {{searcher: agent, agent: {agent}}}\n"
+        "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata:\n  name: {name}\nspec:\n  model: {{preset: llama3.1-8b}}\n  cluster: {{gpu: h100-sxm, gpus: 16}}\n  training: {{seqLength: 4096, globalBatchSize: 64}}\n  parallelism: {{tp: 2, overlapGradReduce: false, overlapParamGather: false}}\n  tuning: {{searcher: agent, fixed: {{fsdp: false}}, agent: {agent}}}\n"
     )
 }
 

@@ -186,14 +186,15 @@ impl Proposer for Reader {
 #[test]
 fn an_agent_that_sets_an_option_the_grid_holds_fixed_beats_the_exhaustive_search() {
     // The reference turns both data-parallel overlaps off; the grid keeps that for every
-    // candidate, the agent may turn them on.
+    // candidate, the agent may turn them on (with the distributed optimizer: FSDP's gathers do
+    // not depend on them).
     let p = plan_of(
         "llama3.1-8b",
         "h100-sxm",
         16,
         4096,
         64,
-        "  parallelism: {tp: 2, overlapGradReduce: false, overlapParamGather: false}\n",
+        "  parallelism: {tp: 2, overlapGradReduce: false, overlapParamGather: false}\n  tuning: {fixed: {fsdp: false}}\n",
     );
     let exhaustive = tune_plan(&p, SearcherKind::Exhaustive).unwrap();
     let e = exhaustive.best.as_ref().unwrap();
