@@ -212,8 +212,11 @@ impl TrialLog {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SourceSummary {
+    /// `reference`, `seed`, `exhaustive`, `evolutionary`, `agent` or `benchmark`.
     pub source: String,
+    /// Layouts this source tried.
     pub trials: u64,
+    /// Of them, legal, fitting and projected.
     pub scored: u64,
     /// The best tokens/s per GPU this source scored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,15 +231,19 @@ pub struct SourceSummary {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TrialSummary {
+    /// Layouts tried in all.
     pub trials: u64,
     /// Trials counted past the log's bound.
     pub dropped: u64,
+    /// Per source, in a fixed order.
     pub by_source: Vec<SourceSummary>,
     /// Agent rounds run.
     pub agent_rounds: u32,
     /// Agent proposals scored (new layouts).
     pub proposals_accepted: u64,
+    /// Agent proposals a legality rule rejected.
     pub proposals_rejected_by_rule: u64,
+    /// Agent proposals the memory pre-filter rejected.
     pub proposals_rejected_by_memory: u64,
     /// Proposals outside the space, repeated or malformed.
     pub proposals_other: u64,
