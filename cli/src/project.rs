@@ -137,104 +137,129 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         None => project(s, layout),
     }
     .map_err(|e| CliError::Input(e.to_string()))?;
-    let cov = calibration
+    let calibrated = calibration
         .as_ref()
-        .map(|t| coverage(&t.calibration, s, layout));
+        .map(|t| (t, coverage(&t.calibration, s, layout)));
+    let calibrated = calibrated.as_ref().map(|(t, c)| (*t, c));
     match args.output {
-        Output::Json => match (&calibration, &cov) {
-            (Some(timer), Some(cov)) => {
-                let mut v = serde_json::to_value(&proj)
-                    .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
-                let c = &timer.calibration;
-                v["calibration"] = serde_json::json!({
-                    "report": args.calibration.as_ref().map(|p| p.display().to_string()),
-                    "backend": c.backend,
-                    "gpu": c.gpu,
-                    "gpuProduct": c.gpu_product,
-                    "node": c.node,
-                    "startedAt": c.started_at,
-                    "shapesKey": c.shapes_key,
-                    "measuredLayout": c.measured_layout,
-                    "reducedAxes": c.reduced_axes,
-                    "terms": cov.terms,
-                    "opKinds": cov.op_kinds,
-                });
-                print_json(&v)
-            }
-            _ => print_json(&proj),
-        },
+        Output::Json => print_projection_json(args, &proj, calibrated),
         Output::Table => {
-            println!(
-                "{}: {} on {} x {} ({}), seq {}, global batch {}",
-                p.name,
-                if s.model.name.is_empty() {
-                    "model"
-                } else {
-                    &s.model.name
-                },
-                s.cluster.gpus,
-                s.hardware.name,
-                s.training.precision.as_str(),
-                s.training.seq_length,
-                s.training.global_batch_size,
-            );
-            println!(
-                "layout: {} (dp {}, {} micro-batches per step)",
-                layout.label(),
-                proj.dp,
-                proj.num_microbatches
-            );
-            println!(
-                "step {:.3} s | {:.0} tokens/s/GPU | {:.1} model TFLOP/s/GPU | MFU {:.1}% | bubble {:.1}% | dominated by {}",
-                proj.step_time_seconds,
-                proj.tokens_per_second_per_gpu,
-                proj.tflops_per_gpu,
-                proj.mfu * 100.0,
-                proj.bubble_fraction * 100.0,
-                proj.dominant.as_str(),
-            );
-            if let (Some(timer), Some(cov)) = (&calibration, &cov) {
-                let c = &timer.calibration;
-                println!(
-                    "calibrated by {}: backend {}, {} ({}) on {}, {}; measured {}{}",
-                    args.calibration
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                    serde_json::to_value(c.backend)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
-                    c.gpu,
-                    c.gpu_product,
-                    if c.node.is_empty() { "?" } else { &c.node },
-                    if c.started_at.is_empty() {
-                        "?"
-                    } else {
-                        &c.started_at
-                    },
-                    c.measured_layout.label(),
-                    if c.reduced_axes.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (reduced: {})", c.reduced_axes.join(", "))
-                    }
-                );
-                println!();
-                print!("{}", breakdown_table_with_sources(&proj, cov));
-                println!();
-                print!("{}", op_kinds_table(cov));
-            } else {
-                println!();
-                print!("{}", breakdown_table(&proj));
-            }
-            println!(
-                "(exposed seconds on the critical pipeline stage {})",
-                proj.critical_stage
-            );
-            println!();
-            print!("{}", super::memory::table(&proj.memory));
+            print_projection_table(args, &p, layout, &proj, calibrated);
             Ok(())
         }
     }
+}
+
+/// The projection as JSON; with a calibration, where it came from and what it covers.
+fn print_projection_json(
+    args: &Args,
+    proj: &Projection,
+    calibrated: Option<(&CalibratedTimer, &Coverage)>,
+) -> Result<(), CliError> {
+    let Some((timer, cov)) = calibrated else {
+        return print_json(proj);
+    };
+    let mut v =
+        serde_json::to_value(proj).map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;
+    let c = &timer.calibration;
+    v["calibration"] = serde_json::json!({
+        "report": args.calibration.as_ref().map(|p| p.display().to_string()),
+        "backend": c.backend,
+        "gpu": c.gpu,
+        "gpuProduct": c.gpu_product,
+        "node": c.node,
+        "startedAt": c.started_at,
+        "shapesKey": c.shapes_key,
+        "measuredLayout": c.measured_layout,
+        "reducedAxes": c.reduced_axes,
+        "terms": cov.terms,
+        "opKinds": cov.op_kinds,
+    });
+    print_json(&v)
+}
+
+/// The projection as the human table: headline, calibration source, breakdown, memory.
+fn print_projection_table(
+    args: &Args,
+    p: &primus_oracle::plan::Plan,
+    layout: &primus_oracle::layout::Layout,
+    proj: &Projection,
+    calibrated: Option<(&CalibratedTimer, &Coverage)>,
+) {
+    let s = &p.scenario;
+    println!(
+        "{}: {} on {} x {} ({}), seq {}, global batch {}",
+        p.name,
+        if s.model.name.is_empty() {
+            "model"
+        } else {
+            &s.model.name
+        },
+        s.cluster.gpus,
+        s.hardware.name,
+        s.training.precision.as_str(),
+        s.training.seq_length,
+        s.training.global_batch_size,
+    );
+    println!(
+        "layout: {} (dp {}, {} micro-batches per step)",
+        layout.label(),
+        proj.dp,
+        proj.num_microbatches
+    );
+    println!(
+        "step {:.3} s | {:.0} tokens/s/GPU | {:.1} model TFLOP/s/GPU | MFU {:.1}% | bubble {:.1}% | dominated by {}",
+        proj.step_time_seconds,
+        proj.tokens_per_second_per_gpu,
+        proj.tflops_per_gpu,
+        proj.mfu * 100.0,
+        proj.bubble_fraction * 100.0,
+        proj.dominant.as_str(),
+    );
+    if let Some((timer, cov)) = calibrated {
+        print_calibration_source(args, timer);
+        println!();
+        print!("{}", breakdown_table_with_sources(proj, cov));
+        println!();
+        print!("{}", op_kinds_table(cov));
+    } else {
+        println!();
+        print!("{}", breakdown_table(proj));
+    }
+    println!(
+        "(exposed seconds on the critical pipeline stage {})",
+        proj.critical_stage
+    );
+    println!();
+    print!("{}", super::memory::table(&proj.memory));
+}
+
+/// One line: which report calibrated the projection, measured on what and where.
+fn print_calibration_source(args: &Args, timer: &CalibratedTimer) {
+    let c = &timer.calibration;
+    println!(
+        "calibrated by {}: backend {}, {} ({}) on {}, {}; measured {}{}",
+        args.calibration
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        serde_json::to_value(c.backend)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        c.gpu,
+        c.gpu_product,
+        if c.node.is_empty() { "?" } else { &c.node },
+        if c.started_at.is_empty() {
+            "?"
+        } else {
+            &c.started_at
+        },
+        c.measured_layout.label(),
+        if c.reduced_axes.is_empty() {
+            String::new()
+        } else {
+            format!(" (reduced: {})", c.reduced_axes.join(", "))
+        }
+    );
 }
