@@ -61,10 +61,10 @@ impl RandomModel {
             "overlapGradReduce": r.pick(&[true, false]),
             "overlapParamGather": r.pick(&[true, false]),
         });
-        if r.next() % 3 == 0 {
+        if r.next().is_multiple_of(3) {
             l["firstStageLayers"] = json!(r.pick(&[0, 1, 3, 15, 200]));
         }
-        if r.next() % 3 == 0 {
+        if r.next().is_multiple_of(3) {
             l["recomputeModules"] = json!(r.pick(&[
                 json!(["mlp"]),
                 json!(["moe_act", "layernorm"]),
@@ -72,7 +72,7 @@ impl RandomModel {
                 json!(["mla_up_proj"]),
             ]));
         }
-        if r.next() % 4 == 0 {
+        if r.next().is_multiple_of(4) {
             l["vpp"] = json!(r.pick(&[2, 3, 4]));
             l["schedule"] = json!("interleaved");
         }
