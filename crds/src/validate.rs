@@ -63,9 +63,6 @@ pub fn depth(v: &serde_json::Value, limit: usize) -> usize {
     deepest
 }
 
-/// Message of the `agent` searcher in the cluster (the webhook and the operator say the same).
-pub const AGENT_IN_CLUSTER: &str = "the operator does not run the `agent` searcher (it needs an LLM endpoint); use exhaustive, seed or evolutionary, or run `primus tune` with the agent and give its result as spec.parallelism with searcher none";
-
 /// Benchmark settings, bounded.
 impl Bounded for BenchmarkSpec {
     const BOUNDS: &'static [Bound<Self>] = &[
@@ -158,8 +155,9 @@ impl TrainingPlanSpec {
         if plan.tuning.searcher != SearcherKind::None {
             Space::new(&plan.scenario, &plan.tuning, plan.layout.as_ref())?;
         }
-        if runner == Runner::Cluster && plan.tuning.searcher == SearcherKind::Agent {
-            return Err(FieldError::new("spec.tuning.searcher", AGENT_IN_CLUSTER));
+        if runner == Runner::Cluster {
+            // The operator runs the agent with its own endpoint: what a plan may set.
+            crate::agent::check_agent(&plan)?;
         }
         if let Some(b) = &self.benchmark {
             check_benchmark(b, &plan)?;

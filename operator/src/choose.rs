@@ -9,8 +9,10 @@ use primus_oracle::hardware::Vendor;
 use primus_oracle::plan::{Plan, SearcherKind};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::{Backend, BenchmarkResults};
+use primus_oracle::tune::agent::AgentSearcher;
 use primus_oracle::tune::{self, Candidate, TuneOptions, TuneResult};
 use primus_oracle::units::GIB;
+use primus_runtime::agent::ChatCompletions;
 use std::time::{Duration, Instant};
 
 /// Defaults of `spec.benchmark`.
@@ -46,6 +48,36 @@ pub fn validate(
     spec.validate(name, catalog, Runner::Cluster)
 }
 
+/// Agent rounds when the plan gives none.
+pub const DEFAULT_AGENT_ROUNDS: u32 = 3;
+
+/// The cluster's LLM endpoint (the operator's configuration; never from a plan).
+#[derive(Clone)]
+pub struct AgentEndpoint {
+    /// OpenAI-compatible API base, e.g. `http://llm.internal:8000/v1`.
+    pub endpoint: String,
+    /// Model when the plan names none.
+    pub model: String,
+    /// Bearer token, from the operator's Secret.
+    pub api_key: Option<String>,
+    /// Per-request timeout (a plan's `timeoutSeconds` may only lower it).
+    pub timeout: Duration,
+    /// Most wall time one plan's search may take (a plan's `budgetSeconds` may only lower it).
+    pub max_budget: Duration,
+}
+
+impl std::fmt::Debug for AgentEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentEndpoint")
+            .field("endpoint", &self.endpoint)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "(set)"))
+            .field("timeout", &self.timeout)
+            .field("max_budget", &self.max_budget)
+            .finish()
+    }
+}
+
 /// The op timer of a plan: calibrated by its benchmark report when there is one and it can
 /// calibrate the plan (it measured the plan's GPU and holds a usable measurement), else the
 /// analytic roofline. Returns whether the timer is calibrated.
@@ -71,6 +103,13 @@ pub struct Choice {
     pub gain_over_reference: Option<f64>,
     pub candidates: Vec<LayoutSummary>,
     pub search: SearchSummary,
+}
+
+impl Choice {
+    /// Why the agent was not used (its endpoint failed), when it was not.
+    pub fn agent_unavailable(&self) -> Option<&str> {
+        self.search.agent_unavailable.as_deref()
+    }
 }
 
 /// Why no layout was chosen.
@@ -122,14 +161,26 @@ fn no_layout_message(r: &TuneResult) -> String {
 
 /// Choose the plan's layout: `spec.parallelism` as given with searcher `none`, else the
 /// tuner's best, scored with the (possibly calibrated) timer, within [`SEARCH_BUDGET`].
+/// Searcher `agent` without an endpoint configured, or whose endpoint never answers, falls
+/// back to the exhaustive search's answer ([`Choice::agent_unavailable`] says why).
 pub fn choose(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<Choice, ChooseError> {
-    choose_within(plan, report, SEARCH_BUDGET)
+    choose_with(plan, report, None)
 }
 
-/// [`choose`] with a search budget: at its end the tuner reports the best found so far.
+/// [`choose`] with the operator's LLM endpoint.
+pub fn choose_with(
+    plan: &Plan,
+    report: Option<&BenchmarkResults>,
+    agent: Option<&AgentEndpoint>,
+) -> Result<Choice, ChooseError> {
+    choose_within(plan, report, agent, SEARCH_BUDGET)
+}
+
+/// [`choose_with`] with a search budget: at its end the tuner reports the best found so far.
 pub fn choose_within(
     plan: &Plan,
     report: Option<&BenchmarkResults>,
+    agent: Option<&AgentEndpoint>,
     budget: Duration,
 ) -> Result<Choice, ChooseError> {
     let (timer, calibrated) = timer_for(plan, report);
@@ -138,12 +189,10 @@ pub fn choose_within(
         deadline: Instant::now().checked_add(budget),
         ..TuneOptions::default()
     };
-    let result = if plan.tuning.searcher == SearcherKind::None {
-        tune::tune(plan, None, &opts)
-    } else {
-        let mut s = tune::searcher(plan.tuning.searcher)
-            .map_err(|e| FieldError::new("spec.tuning.searcher", e.to_string()))?;
-        tune::tune(plan, Some(s.as_mut()), &opts)
+    let result = match plan.tuning.searcher {
+        SearcherKind::None => tune::tune(plan, None, &opts),
+        SearcherKind::Agent => run_agent(plan, agent, &opts),
+        kind => tune::searcher(kind).and_then(|mut s| tune::tune(plan, Some(s.as_mut()), &opts)),
     }
     .map_err(|e| match e {
         tune::TuneError::Field(f) => ChooseError::Field(f),
@@ -188,8 +237,64 @@ pub fn choose_within(
             rejected_by_memory: result.rejected_by_memory,
             rejected_by_rules: result.rejected_by_rules,
             seconds: result.seconds,
+            trials: Some(result.trial_summary.clone()),
+            explanation: result
+                .explanation
+                .as_ref()
+                .map(|e| e.lines())
+                .unwrap_or_default(),
+            agent_unavailable: result.agent_unavailable.clone(),
         },
     })
+}
+
+/// The agent search under the plan's budget, on its own thread (the transport runs its own
+/// one-thread runtime, which must not nest in the caller's); the exhaustive search's answer
+/// when no endpoint is configured or it never answered.
+fn run_agent(
+    plan: &Plan,
+    agent: Option<&AgentEndpoint>,
+    opts: &TuneOptions<'_>,
+) -> Result<TuneResult, tune::TuneError> {
+    let spec = plan.tuning.agent.clone().unwrap_or_default();
+    let Some(cfg) = agent else {
+        let mut exhaustive = tune::exhaustive::Exhaustive::default();
+        let mut r = tune::tune(plan, Some(&mut exhaustive), opts)?;
+        r.agent_unavailable =
+            Some("the operator has no LLM endpoint configured (Helm values operator.agent)".into());
+        return Ok(r);
+    };
+    let secs = |s: u32| Duration::from_secs(s.into());
+    let timeout = spec
+        .timeout_seconds
+        .map_or(cfg.timeout, |s| cfg.timeout.min(secs(s)));
+    let budget = spec
+        .budget_seconds
+        .map_or(cfg.max_budget, |s| cfg.max_budget.min(secs(s)));
+    let model = spec.model.clone().unwrap_or_else(|| cfg.model.clone());
+    let rounds = spec
+        .rounds
+        .unwrap_or(DEFAULT_AGENT_ROUNDS)
+        .min(primus_crds::agent::MAX_AGENT_ROUNDS);
+    let failed = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let proposer =
+                    ChatCompletions::new(&cfg.endpoint, &model, cfg.api_key.clone(), timeout)
+                        .map_err(|e| tune::TuneError::Searcher(format!("agent: {e}")))?
+                        .deadline(Instant::now() + budget);
+                let mut searcher = AgentSearcher::new(Box::new(proposer), rounds);
+                searcher.budget = Some(budget);
+                tune::tune(plan, Some(&mut searcher), opts)
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(tune::TuneError::Searcher(
+                    "the agent search panicked".into(),
+                ))
+            })
+    })?;
+    tune::agent_fallback(plan, failed, opts)
 }
 
 #[cfg(test)]
@@ -244,7 +349,18 @@ mod tests {
                 "spec.drift.prometheus.url",
             ),
             ("job: {name: Bad_Name}\n", "spec.job.name"),
-            ("tuning: {searcher: agent}\n", "spec.tuning.searcher"),
+            (
+                "tuning: {searcher: agent, agent: {endpoint: 'http://x/v1'}}\n",
+                "spec.tuning.agent.endpoint",
+            ),
+            (
+                "tuning: {searcher: agent, agent: {apiKeyEnv: HOME}}\n",
+                "spec.tuning.agent.apiKeyEnv",
+            ),
+            (
+                "tuning: {searcher: agent, agent: {rounds: 0}}\n",
+                "spec.tuning.agent.rounds",
+            ),
         ] {
             let e = validate(&spec(&format!("{BASE}{extra}")), "p", &c).unwrap_err();
             assert_eq!(e.field, field, "{extra}: {e}");

@@ -39,6 +39,9 @@ pub struct Config {
     pub bench_images: Vec<String>,
     /// The key benchmark tokens derive from (loaded from its Secret at start-up).
     pub report_key: crate::report_key::ReportKey,
+    /// The cluster's LLM endpoint for searcher `agent` (`--agent-endpoint`, model and key from
+    /// the operator's Secret); `None`: agent plans fall back to the exhaustive search.
+    pub agent: Option<crate::choose::AgentEndpoint>,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             drift_urls: Vec::new(),
             bench_images: Vec::new(),
             report_key: crate::report_key::ReportKey::random(),
+            agent: None,
         }
     }
 }

@@ -117,6 +117,28 @@ struct Args {
         value_delimiter = ','
     )]
     drift_url_allow: Vec<UrlRule>,
+    /// The LLM endpoint of searcher `agent`: an OpenAI-compatible API base
+    /// (`http://llm.internal:8000/v1`). Unset: agent plans get the exhaustive search's answer
+    /// with reason AgentUnavailable.
+    #[arg(long, env = "PRIMUS_AGENT_ENDPOINT")]
+    agent_endpoint: Option<String>,
+    /// Model sent to the endpoint when a plan names none.
+    #[arg(long, env = "PRIMUS_AGENT_MODEL", default_value = "default")]
+    agent_model: String,
+    /// Bearer token for the endpoint (from the operator's Secret; environment only).
+    #[arg(
+        long,
+        env = "PRIMUS_AGENT_API_KEY",
+        hide_env_values = true,
+        hide = true
+    )]
+    agent_api_key: Option<String>,
+    /// Seconds to wait for one reply (a plan's timeoutSeconds may only lower it).
+    #[arg(long, env = "PRIMUS_AGENT_TIMEOUT_SECONDS", value_name = "SECONDS", default_value = "60", value_parser = seconds)]
+    agent_timeout_seconds: Duration,
+    /// Most seconds one plan's agent search may take (a plan's budgetSeconds may only lower it).
+    #[arg(long, env = "PRIMUS_AGENT_MAX_BUDGET_SECONDS", value_name = "SECONDS", default_value = "600", value_parser = seconds)]
+    agent_max_budget_seconds: Duration,
     /// Extra profiles directory (models/ and hardware/ YAML files).
     #[arg(long, env = "PRIMUS_PROFILES_DIR")]
     profiles_dir: Option<PathBuf>,
@@ -319,6 +341,17 @@ fn config(args: &Args, report_key: ReportKey) -> Config {
         drift_urls: args.drift_url_allow.clone(),
         bench_images: args.bench_image_allow.clone(),
         report_key,
+        agent: args
+            .agent_endpoint
+            .as_ref()
+            .filter(|e| !e.trim().is_empty())
+            .map(|endpoint| primus_operator::choose::AgentEndpoint {
+                endpoint: endpoint.trim().to_string(),
+                model: args.agent_model.clone(),
+                api_key: args.agent_api_key.clone().filter(|k| !k.is_empty()),
+                timeout: args.agent_timeout_seconds.max(Duration::from_secs(1)),
+                max_budget: args.agent_max_budget_seconds.max(Duration::from_secs(1)),
+            }),
     }
 }
 

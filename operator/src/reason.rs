@@ -50,6 +50,8 @@ pub enum Reason {
     LayoutGiven,
     /// The tuner is still searching.
     Searching,
+    /// Searcher `agent` without a working LLM endpoint: the exhaustive search's answer.
+    AgentUnavailable,
     NoFeasibleLayout,
     // JobCreated.
     Created,
@@ -109,6 +111,7 @@ impl Reason {
             Reason::Tuned => "Tuned",
             Reason::LayoutGiven => "LayoutGiven",
             Reason::Searching => "Searching",
+            Reason::AgentUnavailable => "AgentUnavailable",
             Reason::NoFeasibleLayout => "NoFeasibleLayout",
             Reason::Created => "Created",
             Reason::Started => "Started",
@@ -157,6 +160,7 @@ impl Reason {
             | Reason::BenchmarkPodRefused
             | Reason::JobRefused
             | Reason::StatusWriteRefused
+            | Reason::AgentUnavailable
             | Reason::Tuning => Severity::Warning,
             _ => Severity::Normal,
         }

@@ -250,7 +250,12 @@ impl<'a> Pass<'a> {
         report: Option<BenchmarkResults>,
     ) -> Result<Result<Choice, ChooseError>, Error> {
         let plan = plan.clone();
-        let mut task = tokio::task::spawn_blocking(move || choose::choose(&plan, report.as_ref()));
+        let agent = self.ctx.config.agent.clone();
+        // Off the async threads: an agent search waits on its LLM for up to its budget while
+        // other plans go on reconciling.
+        let mut task = tokio::task::spawn_blocking(move || {
+            choose::choose_with(&plan, report.as_ref(), agent.as_ref())
+        });
         let result = match tokio::time::timeout(TUNING_NOTICE, &mut task).await {
             Ok(r) => r,
             Err(_) => {

@@ -72,7 +72,7 @@ fn decide_path(catalog: &Catalog, spec: &Value, depth: usize) -> Result<(), Stri
 /// within the search budget.
 fn decide_with(plan: &Plan, report: Option<&BenchmarkResults>) -> Result<(), String> {
     let start = Instant::now();
-    let result = choose::choose_within(plan, report, SEARCH);
+    let result = choose::choose_within(plan, report, None, SEARCH);
     let took = start.elapsed();
     if took > SEARCH + Duration::from_secs(30) {
         return Err(format!(

@@ -282,6 +282,9 @@ pub struct AgentSpec {
     /// Per-request timeout, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u32>,
+    /// Wall time for the whole agent search, seconds: no round starts after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_seconds: Option<u32>,
 }
 
 /// The agent's settings, bounded.
@@ -297,6 +300,9 @@ impl Bounded for AgentSpec {
         Bound::int("rounds", 0, limits::ROUNDS, |a| a.rounds.into()),
         Bound::int("timeoutSeconds", 0, limits::SECONDS, |a| {
             a.timeout_seconds.into()
+        }),
+        Bound::int("budgetSeconds", 0, limits::SECONDS, |a| {
+            a.budget_seconds.into()
         }),
     ];
 }

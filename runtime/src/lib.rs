@@ -3,9 +3,13 @@
 //! crypto provider ([`tls`]: rustls with ring, DESIGN.md section 7) and the parsing of
 //! duration flags ([`flags`]: `--*-seconds`, a number of seconds).
 //!
+//! It also holds the tuning agent's one network client ([`agent`]: OpenAI-compatible chat
+//! completions), which the CLI and the operator share.
+//!
 //! The operator, the webhook and the `primus` CLI depend on this crate; the oracle does not
 //! (it never logs, never talks TLS and has no flags).
 
+pub mod agent;
 pub mod flags;
 pub mod http;
 pub mod logging;

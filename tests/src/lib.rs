@@ -10,9 +10,11 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod chat;
 pub mod deny_webhook;
 pub mod hostile;
 pub mod kubectl;
+pub mod llm;
 pub mod node_agent;
 pub mod tools;
 pub use kubectl::Kubectl;

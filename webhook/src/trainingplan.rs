@@ -31,6 +31,9 @@ pub fn validate(name: &str, data: &Value, catalog: &Catalog) -> Verdict {
         Ok(p) => p,
         Err(e) => return invalid(e),
     };
+    if let Err(e) = primus_crds::agent::check_agent(&plan) {
+        return invalid(e);
+    }
     let Some(layout) = &plan.layout else {
         return Verdict::allow(Reason::PlanValid);
     };

@@ -664,6 +664,27 @@ fn trainingplans_get_the_semantic_rules_with_field_names() {
         assert!(message(&a).starts_with(field), "{ptr}: {}", message(&a));
         assert_eq!(a["response"]["status"]["code"], 422);
     }
+    // Searcher agent: admitted with the settings a plan may give; an endpoint or a key
+    // variable of the plan's own is the operator's configuration, refused naming the field.
+    let mut agent = good.clone();
+    agent["tuning"] = json!({"searcher": "agent", "agent": {"model": "qwen3", "rounds": 4, "budgetSeconds": 120}});
+    let (_, a) = answer(&v, Endpoint::TrainingPlan, &plan(agent.clone()));
+    assert!(allowed(&a), "{a}");
+    for (key, value, field) in [
+        (
+            "endpoint",
+            json!("http://elsewhere:8000/v1"),
+            "spec.tuning.agent.endpoint",
+        ),
+        ("apiKeyEnv", json!("HOME"), "spec.tuning.agent.apiKeyEnv"),
+        ("rounds", json!(0), "spec.tuning.agent.rounds"),
+    ] {
+        let mut spec = agent.clone();
+        spec["tuning"]["agent"][key] = value;
+        let (_, a) = answer(&v, Endpoint::TrainingPlan, &plan(spec));
+        assert!(!allowed(&a), "{key}");
+        assert!(message(&a).starts_with(field), "{key}: {}", message(&a));
+    }
     // An OOM reference layout is a warning (the tuner searches for one that fits).
     let mut oom = good.clone();
     oom["parallelism"] = json!({"tp": 1, "pp": 1});

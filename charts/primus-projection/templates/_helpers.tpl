@@ -95,6 +95,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "primus.componentName" (dict "root" . "component" "operator-report-key")) .Values.operator.reportKeySecret }}
 {{- end }}
 
+{{/* The Secret of the agent's endpoint: the user's, or the chart's when it has an endpoint. */}}
+{{- define "primus.operator.agentSecret" -}}
+{{- if .Values.operator.agent.existingSecret -}}
+{{- .Values.operator.agent.existingSecret -}}
+{{- else if .Values.operator.agent.endpoint -}}
+{{- include "primus.componentName" (dict "root" . "component" "operator-agent") -}}
+{{- end -}}
+{{- end }}
+
 {{/* The ValidatingWebhookConfiguration's name (cluster-scoped: the release name keeps it unique). */}}
 {{- define "primus.webhook.configurationName" -}}
 {{- include "primus.fullname" . }}

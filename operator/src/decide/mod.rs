@@ -376,6 +376,27 @@ fn choice_conditions(c: &Choice) -> Verdicts {
     if let Some(g) = c.gain_over_reference {
         tuned.push_str(&format!("; {:+.1}% over spec.parallelism", g * 100.0));
     }
+    if let Some(t) = &s.trials
+        && t.agent_rounds > 0
+    {
+        tuned.push_str(&format!(
+            "; agent: {} rounds, {} proposals accepted, {} rejected by rule, {} by memory",
+            t.agent_rounds,
+            t.proposals_accepted,
+            t.proposals_rejected_by_rule,
+            t.proposals_rejected_by_memory
+        ));
+    }
+    let reason = match c.agent_unavailable() {
+        Some(why) => {
+            tuned = format!(
+                "agent unavailable ({}); the exhaustive search's answer is used: {tuned}",
+                why.chars().take(300).collect::<String>()
+            );
+            Reason::AgentUnavailable
+        }
+        None => reason,
+    };
     Verdicts::default()
         .with(PROJECTED, State::True, Reason::Projected, projected)
         .with(TUNED, State::True, reason, tuned)

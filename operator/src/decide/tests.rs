@@ -175,6 +175,9 @@ fn a_choice_is_projected_and_tuned() {
             rejected_by_memory: 2,
             rejected_by_rules: 3,
             seconds: 0.5,
+            trials: None,
+            explanation: Vec::new(),
+            agent_unavailable: None,
         },
     };
     let s = chosen(Ok(c.clone()));
@@ -528,6 +531,9 @@ fn the_cached_choice_needs_the_same_generation_and_report() {
             rejected_by_memory: 0,
             rejected_by_rules: 0,
             seconds: 0.0,
+            trials: None,
+            explanation: Vec::new(),
+            agent_unavailable: None,
         },
     }));
     let Next::Go(choice) = &c.next else { panic!() };

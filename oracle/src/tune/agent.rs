@@ -17,7 +17,10 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use std::time::{Duration, Instant};
+
 use super::seed::{Scorer, SeedPlanner};
+use super::trials::{Source, Trial, Verdict};
 use super::{Context, Outcome, Rejection, Scored, Searcher};
 use crate::layout::Layout;
 use crate::plan::SearcherKind;
@@ -87,6 +90,14 @@ pub struct AgentStats {
     pub scored: u32,
     /// Proposals that became the best so far.
     pub improvements: u32,
+    /// Proposals scored with options beyond the exhaustive search's grid.
+    pub beyond_grid: u32,
+    /// Rounds not run because the time budget was spent.
+    pub rounds_skipped_by_budget: u32,
+    /// Set when no request got a reply (every one failed): the last error. The caller falls
+    /// back to the best non-agent answer ([`super::agent_fallback`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 /// Parse a reply into proposals: the first JSON value in the text (code fences and prose
@@ -95,8 +106,14 @@ pub struct AgentStats {
 /// [`Layout`]; an entry that is not one gives `Err` with the reason. `Err` for the whole reply
 /// when it holds no such JSON.
 pub fn parse_reply(reply: &str, base: &Layout) -> Result<Vec<Result<Layout, String>>, String> {
-    let value =
-        first_json(reply).ok_or_else(|| "no JSON object or list in the reply".to_string())?;
+    let answer = strip_reasoning(reply);
+    let value = first_json(&answer).ok_or_else(|| {
+        if answer.trim().is_empty() && !reply.trim().is_empty() {
+            "the reply holds only reasoning (<think> ...), no answer".to_string()
+        } else {
+            "no JSON object or list in the reply".to_string()
+        }
+    })?;
     let entries: Vec<Value> = match value {
         Value::Array(a) => a,
         Value::Object(mut o) => {
@@ -135,6 +152,60 @@ pub fn parse_reply(reply: &str, base: &Layout) -> Result<Vec<Result<Layout, Stri
         .collect())
 }
 
+/// A reply without the reasoning blocks of reasoning models (`<think> ... </think>`; an
+/// unterminated block runs to the end): JSON drafted while thinking is not the answer.
+pub fn strip_reasoning(reply: &str) -> String {
+    let mut out = String::with_capacity(reply.len());
+    let mut rest = reply;
+    while let Some(i) = rest.find("<think>") {
+        out.push_str(&rest[..i]);
+        match rest[i..].find("</think>") {
+            Some(j) => rest = &rest[i + j + "</think>".len()..],
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The JSON schema of a reply (`{"layouts": [...]}`, at most `per_round` entries), sent as
+/// `response_format` so servers with structured output constrain the model to it. Every
+/// field is optional (omitted fields keep the best layout's values); the legality rules, not
+/// the schema, judge the values.
+pub fn reply_schema(per_round: usize) -> Value {
+    use serde_json::json;
+    let int = |min: u32| json!({"type": "integer", "minimum": min, "maximum": 1_000_000});
+    let flag = json!({"type": "boolean"});
+    let modules: Vec<&str> = crate::layout::RecomputeModule::ALL
+        .iter()
+        .map(|m| m.as_str())
+        .collect();
+    json!({
+        "type": "object",
+        "properties": {"layouts": {
+            "type": "array", "minItems": 1, "maxItems": per_round.max(1),
+            "items": {
+                "type": "object",
+                "properties": {
+                    "tp": int(1), "pp": int(1), "vpp": int(1), "cp": int(1), "ep": int(1),
+                    "etp": int(1), "microBatchSize": int(1),
+                    "recompute": {"enum": ["none", "selective", "full"]},
+                    "recomputeLayers": int(0),
+                    "recomputeModules": {"type": "array", "items": {"enum": modules}, "maxItems": modules.len()},
+                    "distributedOptimizer": flag, "fsdp": flag,
+                    "schedule": {"enum": ["1f1b", "interleaved", "zero-bubble"]},
+                    "firstStageLayers": int(1), "lastStageLayers": int(1),
+                    "sequenceParallel": flag, "tpCommOverlap": flag,
+                    "overlapGradReduce": flag, "overlapParamGather": flag
+                },
+                "additionalProperties": false
+            }
+        }},
+        "required": ["layouts"],
+        "additionalProperties": false
+    })
+}
+
 /// The first complete JSON object or array in a text.
 fn first_json(text: &str) -> Option<Value> {
     for (i, c) in text.char_indices() {
@@ -168,6 +239,10 @@ recomputeModules (with selective: Megatron's --recompute-modules list, e.g. [\"m
 \"layernorm\"]; omitted = [\"core_attn\"]), \
 distributedOptimizer, fsdp, schedule (1f1b | interleaved | zero-bubble), firstStageLayers, \
 lastStageLayers (uneven pipeline splits). Omitted fields keep the best layout's value.\n\
+Beyond the grid the exhaustive search covers you may also set: sequenceParallel, \
+tpCommOverlap, overlapGradReduce, overlapParamGather (booleans), any recomputeModules list, \
+and uneven splits (firstStageLayers, lastStageLayers) for the proposed pp. These are where \
+you can beat an exhaustive search; each one is checked by the rules and the memory model.\n\
 Rules: dp = gpus / (tp*pp*cp) must be whole; globalBatchSize divisible by microBatchSize*dp; \
 tp divides the attention and key/value heads; interleaved needs vpp > 1 and a number of \
 micro-batches that is a multiple of pp; 1f1b and zero-bubble need vpp = 1; ep divides the \
@@ -295,6 +370,10 @@ fn compact(l: &Layout) -> Value {
     if let Some(f) = l.last_stage_layers {
         v["lastStageLayers"] = f.into();
     }
+    v["sequenceParallel"] = l.sequence_parallel.into();
+    v["tpCommOverlap"] = l.tp_comm_overlap.into();
+    v["overlapGradReduce"] = l.overlap_grad_reduce.into();
+    v["overlapParamGather"] = l.overlap_param_gather.into();
     v
 }
 
@@ -307,6 +386,9 @@ pub struct AgentSearcher {
     pub per_round: usize,
     /// Stop after this many failed requests in a row.
     pub max_consecutive_failures: u32,
+    /// Wall time for the whole search: no round starts after it (the proposer's own timeout
+    /// bounds the round in flight).
+    pub budget: Option<Duration>,
 }
 
 impl AgentSearcher {
@@ -316,6 +398,7 @@ impl AgentSearcher {
             rounds,
             per_round: 8,
             max_consecutive_failures: 2,
+            budget: None,
         }
     }
 }
@@ -326,11 +409,13 @@ impl Searcher for AgentSearcher {
     }
 
     fn search(&mut self, ctx: &Context<'_>) -> Outcome {
+        let start = Instant::now();
         let mut scorer = Scorer::new(ctx.top_k.max(5));
         let mut stats = AgentStats::default();
-        if let Some(start) = SeedPlanner::baseline(ctx, &mut scorer) {
-            SeedPlanner::default().sweep(ctx, &mut scorer, start);
+        if let Some(first) = SeedPlanner::baseline(ctx, &mut scorer) {
+            SeedPlanner::default().sweep(ctx, &mut scorer, first);
         }
+        scorer.source = Source::Agent;
         let mut rejections: BTreeMap<String, u64> = scorer.stats.rules.clone();
         for (k, v) in &scorer.stats.memory {
             rejections.insert(format!("memory: {k}"), *v);
@@ -343,16 +428,23 @@ impl Searcher for AgentSearcher {
             ),
         ];
         let mut failures = 0;
-        for _ in 0..self.rounds {
+        let mut last_error = None;
+        for round in 1..=self.rounds {
+            if self.budget.is_some_and(|b| start.elapsed() >= b) {
+                stats.rounds_skipped_by_budget = self.rounds - round + 1;
+                break;
+            }
             stats.rounds += 1;
             stats.requests += 1;
+            scorer.round = Some(round);
             let reply = match self.proposer.complete(&messages) {
                 Ok(r) => {
                     failures = 0;
                     r
                 }
-                Err(_) => {
+                Err(e) => {
                     stats.failed_requests += 1;
+                    last_error = Some(e.to_string());
                     failures += 1;
                     if failures >= self.max_consecutive_failures {
                         break;
@@ -369,58 +461,86 @@ impl Searcher for AgentSearcher {
                 break;
             };
             messages.push(ChatMessage::new("assistant", reply.clone()));
-            let proposals = match parse_reply(&reply, &base) {
-                Ok(p) => p,
-                Err(why) => {
-                    stats.malformed_replies += 1;
-                    messages.push(ChatMessage::new(
-                        "user",
-                        format!(
-                            "Your reply could not be used ({why}). Reply with JSON only: {{\"layouts\": [...]}}."
-                        ),
-                    ));
-                    continue;
-                }
-            };
-            let mut feedback = String::from("Results of your proposals:\n");
-            for p in proposals.into_iter().take(self.per_round) {
-                stats.proposals += 1;
-                let l = match p {
-                    Ok(l) => l,
-                    Err(why) => {
-                        stats.malformed_proposals += 1;
-                        let _ = writeln!(feedback, "- not a layout: {why}");
-                        continue;
-                    }
-                };
-                let line = self.try_proposal(ctx, &mut scorer, &mut stats, &l);
-                let _ = writeln!(feedback, "- {}: {line}", l.label());
-            }
-            feedback.push_str(&results_table(scorer.top.as_slice()));
-            feedback.push_str("Propose new layouts that may beat the best one.");
+            let feedback = self.round(ctx, &mut scorer, &mut stats, &reply, &base, round);
             messages.push(ChatMessage::new("user", feedback));
         }
-        Outcome {
-            top: scorer.top.into_vec(),
-            stats: scorer.stats,
-            agent: Some(stats),
+        if stats.requests > 0 && stats.failed_requests == stats.requests {
+            stats.unavailable = last_error;
         }
+        scorer.outcome(Some(stats))
     }
 }
 
 impl AgentSearcher {
-    /// Check and score one proposal; the line of feedback for the model.
+    /// Read one reply, check and score its proposals; the feedback for the next turn.
+    fn round(
+        &self,
+        ctx: &Context<'_>,
+        scorer: &mut Scorer,
+        stats: &mut AgentStats,
+        reply: &str,
+        base: &Layout,
+        round: u32,
+    ) -> String {
+        let proposals = match parse_reply(reply, base) {
+            Ok(p) => p,
+            Err(why) => {
+                stats.malformed_replies += 1;
+                scorer.trials.push(Trial::malformed(round, &why));
+                return format!(
+                    "Your reply could not be used ({why}). Reply with JSON only: {{\"layouts\": [...]}}."
+                );
+            }
+        };
+        let mut feedback = String::from("Results of your proposals:\n");
+        for p in proposals.into_iter().take(self.per_round) {
+            stats.proposals += 1;
+            let l = match p {
+                Ok(l) => l,
+                Err(why) => {
+                    stats.malformed_proposals += 1;
+                    scorer.trials.push(Trial::malformed(round, &why));
+                    let _ = writeln!(feedback, "- not a layout: {why}");
+                    continue;
+                }
+            };
+            let line = self.try_proposal(ctx, scorer, stats, &l, round);
+            let _ = writeln!(feedback, "- {}: {line}", l.label());
+        }
+        feedback.push_str(&results_table(scorer.top.as_slice()));
+        feedback.push_str("Propose new layouts that may beat the best one.");
+        feedback
+    }
+
+    /// Check and score one proposal (its trial recorded); the line of feedback for the model.
     fn try_proposal(
         &self,
         ctx: &Context<'_>,
         scorer: &mut Scorer,
         stats: &mut AgentStats,
         l: &Layout,
+        round: u32,
     ) -> String {
         let s = ctx.scenario;
-        let Some(n) = ctx.space.normalize(s, l) else {
+        let annotate = |mut t: Trial, n: &Layout, beyond: &[String]| {
+            t.round = Some(round);
+            if n != l {
+                t.proposed = Some(l.clone());
+            }
+            t.beyond_grid = beyond.to_vec();
+            t
+        };
+        let Some((n, beyond)) = ctx.space.normalize_open(s, l) else {
             stats.outside_space += 1;
+            let mut t = annotate(Trial::new(Source::Agent, l, Verdict::OutsideSpace), l, &[]);
+            t.reason = Some("a pinned or disallowed value".into());
+            scorer.trials.push(t);
             return "outside the allowed values (pinned or not allowed)".into();
+        };
+        let scored_as = if n != *l {
+            format!(" (scored as {})", n.label())
+        } else {
+            String::new()
         };
         if let Err(r) = ctx.filter.check(s, &n) {
             match &r {
@@ -429,27 +549,84 @@ impl AgentSearcher {
             }
             // Count it as the pre-filter would.
             scorer.stats.reject(s, &n, &r, 1);
-            return format!("rejected, {r}");
+            scorer.trials.push(annotate(
+                Trial::rejected(Source::Agent, &n, &r),
+                &n,
+                &beyond,
+            ));
+            return format!("rejected, {r}{scored_as}");
         }
         let before = scorer.top.best().map(|c| c.tokens_per_second());
-        let unique = scorer.unique();
-        match scorer.score(ctx, &n) {
+        let (unique, logged) = (scorer.unique(), scorer.trials.trials.len());
+        match scorer.score_exact(ctx, n.clone()) {
             Some(c) => {
                 if scorer.unique() == unique {
                     stats.repeated += 1;
+                    let mut t = annotate(
+                        Trial::new(Source::Agent, &n, Verdict::Repeated),
+                        &n,
+                        &beyond,
+                    );
+                    t.reason = Some(format!(
+                        "scored before: {:.0} tok/s/GPU",
+                        c.tokens_per_second()
+                    ));
+                    scorer.trials.push(t);
                 } else {
                     stats.scored += 1;
+                    if !beyond.is_empty() {
+                        stats.beyond_grid += 1;
+                    }
+                    if scorer.trials.trials.len() > logged
+                        && let Some(t) = scorer.trials.trials.last_mut()
+                    {
+                        *t = annotate(t.clone(), &n, &beyond);
+                    } else {
+                        // Resolved (full recompute) to a layout scored before under another
+                        // name: its trial, once more under this proposal.
+                        let t = Trial::scored(Source::Agent, &c.layout, c.tokens_per_second());
+                        scorer.trials.push(annotate(t, &n, &beyond));
+                    }
                 }
                 if before.is_none_or(|b| c.tokens_per_second() > b) {
                     stats.improvements += 1;
                 }
+                let extra = if beyond.is_empty() {
+                    String::new()
+                } else {
+                    format!(", beyond the grid: {}", beyond.join(", "))
+                };
                 format!(
-                    "{:.0} tok/s/GPU, MFU {:.1}%",
+                    "{:.0} tok/s/GPU, MFU {:.1}%{scored_as}{extra}",
                     c.tokens_per_second(),
                     c.time.mfu * 100.0
                 )
             }
-            None => "rejected after recompute resolution".into(),
+            None => {
+                // A projection-time rule (its trial logged by the scorer), or no full
+                // recompute count that fits.
+                if scorer.trials.trials.len() > logged
+                    && let Some(t) = scorer.trials.trials.last_mut()
+                {
+                    *t = annotate(t.clone(), &n, &beyond);
+                    let why = t.reason.clone().unwrap_or_default();
+                    if t.verdict == Verdict::RejectedByRule {
+                        stats.rejected_by_rules += 1;
+                    } else {
+                        stats.rejected_by_memory += 1;
+                    }
+                    return format!("rejected, {why}{scored_as}");
+                }
+                stats.rejected_by_memory += 1;
+                let mut t = annotate(
+                    Trial::new(Source::Agent, &n, Verdict::RejectedByMemory),
+                    &n,
+                    &beyond,
+                );
+                t.reason = Some("no full-recompute layer count fits".into());
+                scorer.trials.push(t);
+                format!("rejected, no full-recompute layer count fits{scored_as}")
+            }
         }
     }
 }

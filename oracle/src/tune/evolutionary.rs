@@ -151,6 +151,7 @@ impl Searcher for Evolutionary {
     fn search(&mut self, ctx: &Context<'_>) -> Outcome {
         let mut rng = SplitMix64::new(self.seed);
         let mut scorer = Scorer::new(ctx.top_k);
+        scorer.source = super::trials::Source::Evolutionary;
         let population = self.population.max(4);
         ctx.progress.set_total(self.generations as u64);
         let mut pop: Vec<Genome> = (0..population)
@@ -221,10 +222,6 @@ impl Searcher for Evolutionary {
             }
             pop = next;
         }
-        Outcome {
-            top: scorer.top.into_vec(),
-            stats: scorer.stats,
-            agent: None,
-        }
+        scorer.outcome(None)
     }
 }

@@ -34,6 +34,7 @@ use super::bound::ThroughputBound;
 use super::prefilter::Rejection;
 use super::seed::SeedPlanner;
 use super::space::{MoeChoice, RecomputeChoice, Structure};
+use super::trials::{Source, Trial, TrialLog};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
 use crate::layout::{ModuleSet, Recompute};
 use crate::plan::SearcherKind;
@@ -57,12 +58,24 @@ const BOUND_MARGIN: f64 = 1e-9;
 struct Task {
     top: TopK,
     stats: Stats,
+    /// The layouts projected (memory and rule rejections are only counted: there are
+    /// millions).
+    trials: TrialLog,
 }
 
 impl Task {
+    fn new(k: usize) -> Task {
+        Task {
+            top: TopK::new(k),
+            stats: Stats::default(),
+            trials: TrialLog::default(),
+        }
+    }
+
     fn merge(mut self, o: Task) -> Task {
         self.stats.merge(&o.stats);
         self.top = self.top.merge(o.top);
+        self.trials.extend(o.trials);
         self
     }
 }
@@ -75,6 +88,11 @@ impl Exhaustive {
                 task.stats.evaluated += 1;
                 ctx.progress.add(1, 1);
                 ctx.progress.offer_best(time.tokens_per_second_per_gpu);
+                task.trials.push(Trial::scored(
+                    Source::Exhaustive,
+                    &l,
+                    time.tokens_per_second_per_gpu,
+                ));
                 Some(Scored { layout: l, time })
             }
             Err(e) => {
@@ -105,10 +123,7 @@ impl Exhaustive {
     /// Micro-batch sizes outside, structures inside.
     fn run_group(&self, ctx: &Context<'_>, group: &[Structure]) -> Task {
         let space = ctx.space;
-        let mut task = Task {
-            top: TopK::new(ctx.top_k),
-            stats: Stats::default(),
-        };
+        let mut task = Task::new(ctx.top_k);
         let bound = ThroughputBound::new();
         for &mbs in &space.micro_batch_size {
             for st in group {
@@ -462,7 +477,9 @@ impl Exhaustive {
     /// best bound first, in rounds, until the next bound falls below the k-th best found.
     fn search_pruned(&self, ctx: &Context<'_>) -> Outcome {
         // The seed planner's k-th best is the first bar the bound must clear.
-        let warm = non_dominated(ctx, SeedPlanner::default().search(ctx).top);
+        let warm = SeedPlanner::default().search(ctx);
+        let mut trials = warm.trials;
+        let warm = non_dominated(ctx, warm.top);
         let known = warm
             .get(ctx.top_k.max(1) - 1)
             .map_or(0.0, |c| c.tokens_per_second());
@@ -521,10 +538,7 @@ impl Exhaustive {
             let tasks: Vec<Task> = shapes
                 .par_iter()
                 .map(|cs| {
-                    let mut task = Task {
-                        top: TopK::new(ctx.top_k),
-                        stats: Stats::default(),
-                    };
+                    let mut task = Task::new(ctx.top_k);
                     for c in cs {
                         let st = &structures[c.structure];
                         if c.upper * (1.0 + BOUND_MARGIN) < bar {
@@ -541,6 +555,7 @@ impl Exhaustive {
             for t in tasks {
                 stats.merge(&t.stats);
                 top = top.merge(t.top);
+                trials.extend(t.trials);
             }
             next += round.len();
         }
@@ -548,6 +563,7 @@ impl Exhaustive {
             top: top.into_vec(),
             stats,
             agent: None,
+            trials,
         }
     }
 }
@@ -563,10 +579,7 @@ impl Searcher for Exhaustive {
         }
         let groups = groups(ctx.space.structures(ctx.scenario));
         ctx.progress.set_total(groups.len() as u64);
-        let empty = || Task {
-            top: TopK::new(ctx.top_k),
-            stats: Stats::default(),
-        };
+        let empty = || Task::new(ctx.top_k);
         let task = groups
             .par_iter()
             .map(|g| {
@@ -582,6 +595,7 @@ impl Searcher for Exhaustive {
             top: task.top.into_vec(),
             stats: task.stats,
             agent: None,
+            trials: task.trials,
         }
     }
 }

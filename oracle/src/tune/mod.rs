@@ -38,6 +38,7 @@ pub mod prefilter;
 pub mod result;
 pub mod seed;
 pub mod space;
+pub mod trials;
 
 pub use prefilter::{Prefilter, Rejection, Stats};
 pub use result::{Candidate, TuneResult};
@@ -363,6 +364,8 @@ pub struct Outcome {
     pub stats: Stats,
     /// The agent's own counters.
     pub agent: Option<agent::AgentStats>,
+    /// Every layout tried, in order (bounded).
+    pub trials: trials::TrialLog,
 }
 
 /// A search strategy.
@@ -452,6 +455,12 @@ pub fn tune(
             evaluated: 1,
             ..Stats::default()
         };
+        let mut log = trials::TrialLog::default();
+        log.push(trials::Trial::scored(
+            trials::Source::Reference,
+            &r.layout,
+            r.tokens_per_second(),
+        ));
         return Ok(TuneResult::assemble(
             SearcherKind::None,
             vec![r.clone()],
@@ -460,7 +469,8 @@ pub fn tune(
             None,
             &filter,
             start.elapsed().as_secs_f64(),
-        ));
+        )
+        .with_trials(log));
     };
 
     let space = Space::new(s, &plan.tuning, plan.layout.as_ref())?;
@@ -481,10 +491,21 @@ pub fn tune(
         let p = projection::project_with(s, &c.layout, opts.timer).map_err(FieldError::from)?;
         top.push(Candidate::new(c.layout.clone(), p));
     }
+    // The reference first: the curve starts where the plan does.
+    let mut log = trials::TrialLog::default();
+    if let Some(r) = &reference {
+        log.push(trials::Trial::scored(
+            trials::Source::Reference,
+            &r.layout,
+            r.tokens_per_second(),
+        ));
+    }
+    log.extend(outcome.trials);
     let reference = reference.map(|r| {
         let fits = r.projection.memory.peak_bytes <= filter.limit_bytes;
         (r, fits)
     });
+    let unavailable = outcome.agent.as_ref().and_then(|a| a.unavailable.clone());
     let mut result = TuneResult::assemble(
         searcher.kind(),
         top,
@@ -493,9 +514,44 @@ pub fn tune(
         outcome.agent,
         &filter,
         start.elapsed().as_secs_f64(),
-    );
+    )
+    .with_trials(log);
+    result.agent_unavailable = unavailable;
     result.timed_out = ctx.timed_out.load(AtomicOrdering::Relaxed);
     Ok(result)
+}
+
+/// After an agent run whose endpoint never answered (`agent_unavailable`): the best non-agent
+/// answer, the exhaustive search's, with the agent's counters, its trials (the seed planner's
+/// sweeps and the failed rounds) ahead of the exhaustive search's, and the reason kept.
+/// Any other result is returned as it is.
+pub fn agent_fallback(
+    plan: &Plan,
+    failed: TuneResult,
+    opts: &TuneOptions<'_>,
+) -> Result<TuneResult, TuneError> {
+    let Some(why) = failed.agent_unavailable.clone() else {
+        return Ok(failed);
+    };
+    let mut exhaustive = exhaustive::Exhaustive::default();
+    let mut r = tune(plan, Some(&mut exhaustive), opts)?;
+    let mut log = trials::TrialLog::default();
+    for mut t in failed
+        .trials
+        .into_iter()
+        .chain(std::mem::take(&mut r.trials))
+    {
+        // The second reference trial (the exhaustive run's) is the same layout.
+        if t.source == trials::Source::Reference && !log.trials.is_empty() {
+            continue;
+        }
+        t.best_so_far = None;
+        log.push(t);
+    }
+    r.agent = failed.agent;
+    r.seconds += failed.seconds;
+    r.agent_unavailable = Some(why);
+    Ok(r.with_trials(log))
 }
 
 /// [`tune`] with the searcher of a kind (all but `agent`) and the analytic timer.

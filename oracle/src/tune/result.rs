@@ -14,6 +14,7 @@ use crate::plan::SearcherKind;
 use crate::projection::Projection;
 use crate::tune::Stats;
 use crate::tune::agent::AgentStats;
+use crate::tune::trials::{Trial, TrialLog, TrialSummary};
 
 /// One reported layout.
 #[derive(Debug, Clone, Serialize)]
@@ -124,6 +125,18 @@ pub struct TuneResult {
     /// so far, not necessarily the best of the space. Absent when the search ran to the end.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// Searcher `agent` whose endpoint never answered: why, and the best non-agent answer
+    /// (the exhaustive search's) is reported instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_unavailable: Option<String>,
+    /// Every layout tried, in order (bounded; `primus tune --trials` writes them).
+    #[serde(skip)]
+    pub trials: Vec<Trial>,
+    /// The trials in brief: per source, the agent's proposals and failures.
+    pub trial_summary: TrialSummary,
+    /// The best layout against the reference, term by term.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Explanation>,
 }
 
 impl TuneResult {
@@ -177,6 +190,104 @@ impl TuneResult {
             within_band,
             agent,
             timed_out: false,
+            agent_unavailable: None,
+            trials: Vec::new(),
+            trial_summary: TrialSummary::default(),
+            explanation: None,
         }
+    }
+
+    /// Attach the trial log (numbered, best-so-far filled in) and its summary, and the
+    /// explanation of the best against the reference.
+    pub(crate) fn with_trials(mut self, log: TrialLog) -> TuneResult {
+        let log = log.finish();
+        self.trial_summary = TrialSummary::of(&log, self.agent.as_ref());
+        self.trials = log.trials;
+        self.explanation = match (&self.best, &self.reference) {
+            (Some(b), Some(r)) => Some(Explanation::of(&b.projection, &r.candidate.projection)),
+            _ => None,
+        };
+        self
+    }
+}
+
+/// One term of the step, best against reference (seconds per step; memory in GiB).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Term {
+    /// `compute`, `bubble`, `exposed tp`, ..., `memory headroom`.
+    pub term: String,
+    pub best: f64,
+    pub reference: f64,
+    /// best - reference (negative time = the best saves it; positive headroom = more room).
+    pub delta: f64,
+}
+
+/// Why the best beats (or not) the reference: the step's terms side by side.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    /// Step time, seconds.
+    pub step_seconds: Term,
+    /// Compute, bubble, each exposed communication (seconds per step) and the memory
+    /// headroom (GiB left at the bottleneck stage).
+    pub terms: Vec<Term>,
+}
+
+impl Explanation {
+    pub fn of(best: &Projection, reference: &Projection) -> Explanation {
+        let term = |name: &str, b: f64, r: f64| Term {
+            term: name.to_string(),
+            best: b,
+            reference: r,
+            delta: b - r,
+        };
+        // The projection's own terms (compute, each exposed communication, bubble, host,
+        // optimizer, overheads), named as it names them.
+        let mut terms: Vec<Term> = best
+            .breakdown
+            .terms()
+            .into_iter()
+            .zip(reference.breakdown.terms())
+            .filter(|((_, b), (_, r))| *b > 0.0 || *r > 0.0)
+            .map(|((name, b), (_, r))| {
+                let name = match name {
+                    "tp" | "cp" | "ep" | "pp" | "dp" => format!("exposed {name} comm"),
+                    n => n.to_string(),
+                };
+                term(&name, b, r)
+            })
+            .collect();
+        terms.push(term(
+            "memory headroom GiB",
+            best.memory.headroom_bytes / crate::units::GIB,
+            reference.memory.headroom_bytes / crate::units::GIB,
+        ));
+        Explanation {
+            step_seconds: term("step", best.step_time_seconds, reference.step_time_seconds),
+            terms,
+        }
+    }
+
+    /// One line per term, for the CLI's table and the status message.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "step {:.3} s vs {:.3} s ({:+.3} s)",
+            self.step_seconds.best, self.step_seconds.reference, self.step_seconds.delta
+        )];
+        for t in &self.terms {
+            out.push(if t.term.ends_with("GiB") {
+                format!(
+                    "{}: {:.1} vs {:.1} ({:+.1})",
+                    t.term, t.best, t.reference, t.delta
+                )
+            } else {
+                format!(
+                    "{}: {:.3} s vs {:.3} s ({:+.3} s)",
+                    t.term, t.best, t.reference, t.delta
+                )
+            });
+        }
+        out
     }
 }

@@ -16,7 +16,8 @@ use std::collections::{HashMap, HashSet};
 use rayon::prelude::*;
 
 use super::space::{RecomputeChoice, Space};
-use super::{Context, Outcome, Scored, Searcher, Stats, TopK, rank_cmp};
+use super::trials::{Source, Trial, TrialLog};
+use super::{Context, Outcome, Rejection, Scored, Searcher, Stats, TopK, rank_cmp};
 use crate::layout::{Layout, Recompute};
 use crate::plan::SearcherKind;
 
@@ -61,6 +62,13 @@ pub(crate) struct Scorer {
     cache: HashMap<Layout, Option<Scored>>,
     pub stats: Stats,
     pub top: TopK,
+    /// Every layout evaluated, in order.
+    pub trials: TrialLog,
+    /// Whose trials these are now (the agent switches to [`Source::Agent`] after the seed
+    /// planner's sweeps).
+    pub source: Source,
+    /// The agent's round, for its trials.
+    pub round: Option<u32>,
 }
 
 impl Scorer {
@@ -70,6 +78,29 @@ impl Scorer {
             stats: Stats::default(),
             // Room for the dominated variants the report leaves out.
             top: TopK::new(top_k * 3),
+            trials: TrialLog::default(),
+            source: Source::Seed,
+            round: None,
+        }
+    }
+
+    /// Record the trial of one evaluated layout.
+    fn record(&mut self, l: &Layout, outcome: &Result<Scored, Rejection>) {
+        let mut t = match outcome {
+            Ok(c) => Trial::scored(self.source, l, c.tokens_per_second()),
+            Err(r) => Trial::rejected(self.source, l, r),
+        };
+        t.round = self.round;
+        self.trials.push(t);
+    }
+
+    /// The search's outcome.
+    pub fn outcome(self, agent: Option<super::agent::AgentStats>) -> Outcome {
+        Outcome {
+            top: self.top.into_vec(),
+            stats: self.stats,
+            agent,
+            trials: self.trials,
         }
     }
 
@@ -81,6 +112,12 @@ impl Scorer {
     /// Score a layout (already in the space, or repairable into it).
     pub fn score(&mut self, ctx: &Context<'_>, l: &Layout) -> Option<Scored> {
         let l = ctx.space.normalize(ctx.scenario, l)?;
+        self.score_exact(ctx, l)
+    }
+
+    /// Score a layout as it is (an agent proposal already normalized, possibly beyond the
+    /// grid): full recompute still resolved to the fewest layers that fit.
+    pub fn score_exact(&mut self, ctx: &Context<'_>, l: Layout) -> Option<Scored> {
         if let Some(hit) = self.cache.get(&l) {
             return hit.clone();
         }
@@ -90,7 +127,9 @@ impl Scorer {
             Some(r) => match self.cache.get(&r) {
                 Some(hit) => hit.clone(),
                 None => {
-                    let v = ctx.evaluate(&r, &mut self.stats).ok();
+                    let outcome = ctx.evaluate(&r, &mut self.stats);
+                    self.record(&r, &outcome);
+                    let v = outcome.ok();
                     if let Some(c) = &v {
                         self.top.push(c.clone());
                     }
@@ -132,16 +171,18 @@ impl Scorer {
                 to_eval.push(r.clone());
             }
         }
-        let evaluated: Vec<(Option<Scored>, Stats)> = to_eval
+        let evaluated: Vec<(Result<Scored, Rejection>, Stats)> = to_eval
             .par_iter()
             .map(|r| {
                 let mut st = Stats::default();
-                let v = ctx.evaluate(r, &mut st).ok();
+                let v = ctx.evaluate(r, &mut st);
                 (v, st)
             })
             .collect();
-        for (r, (v, st)) in to_eval.into_iter().zip(evaluated) {
+        for (r, (outcome, st)) in to_eval.into_iter().zip(evaluated) {
             self.stats.merge(&st);
+            self.record(&r, &outcome);
+            let v = outcome.ok();
             if let Some(c) = &v {
                 self.top.push(c.clone());
             }
@@ -382,10 +423,6 @@ impl Searcher for SeedPlanner {
         if let Some(start) = Self::baseline(ctx, &mut scorer) {
             self.sweep(ctx, &mut scorer, start);
         }
-        Outcome {
-            top: scorer.top.into_vec(),
-            stats: scorer.stats,
-            agent: None,
-        }
+        scorer.outcome(None)
     }
 }

@@ -267,11 +267,25 @@ pub struct Space {
     pub ep_overlap: Vec<bool>,
     /// Values of the fields that are not searched (sequence parallel, overlap switches).
     pub base: Layout,
+    /// Which of the options the grid holds fixed an agent proposal may set
+    /// ([`Space::normalize_open`]).
+    pub open: OpenOptions,
     gpus: u32,
     layers: u32,
     mtp: u32,
     /// The balanced pipeline layouts by (pp, vpp).
     balanced: BTreeMap<(u32, u32), PipelineLayout>,
+}
+
+/// The options outside the grid a proposal may change, where the plan does not pin them. The
+/// overlap switches are never pinned (no `spec.tuning.fixed` field names them); an uneven
+/// layer split is always open (the legality rules judge it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpenOptions {
+    /// `spec.tuning.fixed.sequenceParallel` is unset.
+    pub sequence_parallel: bool,
+    /// Neither `fixed` nor `allowed` names `recomputeModules`.
+    pub recompute_modules: bool,
 }
 
 /// The divisors of `n`, ascending. O(sqrt n): callers pass bounded values (a global batch,
@@ -657,6 +671,11 @@ impl Space {
         if let Some(sp) = fixed.sequence_parallel {
             base.sequence_parallel = sp;
         }
+        let open = OpenOptions {
+            sequence_parallel: fixed.sequence_parallel.is_none(),
+            recompute_modules: fixed.recompute_modules.is_none()
+                && allowed.recompute_modules.is_none(),
+        };
         let (dispatch, ep_overlap) = moe_axes(s, fixed, allowed, reference)?;
         if m.moe.is_some() && reference.is_none() {
             // The options without a trade-off (module documentation); a reference keeps its
@@ -669,6 +688,7 @@ impl Space {
         }
         let space = Space {
             balanced: balanced_layouts(m, &pp),
+            open,
             tp,
             pp,
             vpp,
@@ -1137,6 +1157,68 @@ impl Space {
             }
         }
         self.contains(s, &l).then_some(l)
+    }
+
+    /// An agent proposal brought into the space: the grid's axes as [`Space::normalize`]
+    /// brings them, then the options the grid holds fixed taken from the proposal where the
+    /// plan leaves them open ([`OpenOptions`]): sequence parallelism, the overlap switches
+    /// (`tpCommOverlap`, `overlapGradReduce`, `overlapParamGather`), a selective recompute
+    /// module list outside the space's sets, and an explicit layer split
+    /// (`firstStageLayers`/`lastStageLayers` or `pipelineLayout`) for the proposal's own
+    /// pipeline. Returns the layout and the names of the options set beyond the grid; the
+    /// legality rules and the memory pre-filter judge the result. `None`: outside the space.
+    pub fn normalize_open(&self, s: &Scenario, p: &Layout) -> Option<(Layout, Vec<String>)> {
+        let grid = self.normalize(s, p)?;
+        let mut l = grid.clone();
+        let mut beyond = Vec::new();
+        if self.open.sequence_parallel && p.sequence_parallel != l.sequence_parallel {
+            l.sequence_parallel = p.sequence_parallel;
+            beyond.push("sequenceParallel".to_string());
+        }
+        for (name, from, to) in [
+            ("tpCommOverlap", p.tp_comm_overlap, &mut l.tp_comm_overlap),
+            (
+                "overlapGradReduce",
+                p.overlap_grad_reduce,
+                &mut l.overlap_grad_reduce,
+            ),
+            (
+                "overlapParamGather",
+                p.overlap_param_gather,
+                &mut l.overlap_param_gather,
+            ),
+        ] {
+            if *to != from {
+                *to = from;
+                beyond.push(name.to_string());
+            }
+        }
+        if self.open.recompute_modules
+            && p.recompute == Recompute::Selective
+            && l.recompute == Recompute::Selective
+            && p.recompute_modules.as_ref().is_some_and(|m| !m.is_empty())
+            && p.recompute_set() != l.recompute_set()
+        {
+            l.recompute_modules = p.recompute_modules.clone();
+            beyond.push("recomputeModules".to_string());
+        }
+        let explicit = p.pipeline_layout.is_some()
+            || p.first_stage_layers.is_some()
+            || p.last_stage_layers.is_some();
+        let split = |x: &Layout| {
+            (
+                x.first_stage_layers,
+                x.last_stage_layers,
+                x.pipeline_layout.as_ref().map(|pl| pl.as_str().to_string()),
+            )
+        };
+        if explicit && (p.pp, p.vpp) == (l.pp, l.vpp) && split(p) != split(&l) {
+            l.first_stage_layers = p.first_stage_layers;
+            l.last_stage_layers = p.last_stage_layers;
+            l.pipeline_layout = p.pipeline_layout.clone();
+            beyond.push("layer split".to_string());
+        }
+        Some((l, beyond))
     }
 
     /// Number of layouts the space holds without pruning (structures x micro-batch sizes x

@@ -575,3 +575,100 @@ fn capabilities_pick_the_pdb_version_match_conditions_and_monitoring() {
         assert!(ports.contains("http-metrics"), "{ports}");
     }
 }
+
+/// Searcher agent's endpoint (issue 17): the values become a Secret in the release namespace
+/// and the operator reads it through its environment; an existing Secret replaces the values;
+/// nothing of it without an endpoint.
+#[test]
+fn agent_values_become_a_secret_read_through_the_operator_environment() {
+    let Some(helm) = Helm::find(module_path!()) else {
+        return;
+    };
+    let op = format!("{FULL}-operator");
+    let secret_name = format!("{FULL}-operator-agent");
+    let env = |r: &super::helm::Rendered| -> Vec<serde_json::Value> {
+        containers(r.get("Deployment", &op))[0]["env"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| {
+                e["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("PRIMUS_AGENT_"))
+            })
+            .collect()
+    };
+    let has_secret = |r: &super::helm::Rendered| {
+        r.kind("Secret")
+            .iter()
+            .any(|o| o["metadata"]["name"] == secret_name.as_str())
+    };
+    let plain = helm.render(RELEASE, NS, &[]);
+    assert!(env(&plain).is_empty());
+    assert!(!has_secret(&plain));
+    let a = args(plain.get("Deployment", &op));
+    assert!(a.iter().any(|x| x == "--agent-timeout-seconds=60"), "{a:?}");
+    assert!(
+        a.iter().any(|x| x == "--agent-max-budget-seconds=600"),
+        "{a:?}"
+    );
+
+    let r = helm.render(
+        RELEASE,
+        NS,
+        &[
+            "--set",
+            "operator.agent.endpoint=http://vllm.llm.svc:8000/v1,operator.agent.model=qwen3,operator.agent.apiKey=sk-test",
+        ],
+    );
+    let secret = r.get("Secret", &secret_name);
+    assert_eq!(secret["metadata"]["namespace"], NS);
+    assert_eq!(
+        secret["stringData"]["endpoint"],
+        "http://vllm.llm.svc:8000/v1"
+    );
+    assert_eq!(secret["stringData"]["model"], "qwen3");
+    assert_eq!(secret["stringData"]["apiKey"], "sk-test");
+    let e = env(&r);
+    let names: Vec<&str> = e.iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "PRIMUS_AGENT_ENDPOINT",
+            "PRIMUS_AGENT_MODEL",
+            "PRIMUS_AGENT_API_KEY"
+        ]
+    );
+    for x in &e {
+        assert_eq!(x["valueFrom"]["secretKeyRef"]["name"], secret_name.as_str());
+    }
+    // The key is never in the Deployment itself.
+    let deploy = serde_json::to_string(r.get("Deployment", &op)).unwrap();
+    assert!(!deploy.contains("sk-test"));
+
+    let r = helm.render(
+        RELEASE,
+        NS,
+        &["--set", "operator.agent.existingSecret=llm-credentials"],
+    );
+    assert!(!has_secret(&r));
+    let e = env(&r);
+    assert_eq!(e.len(), 3);
+    assert!(
+        e.iter()
+            .all(|x| x["valueFrom"]["secretKeyRef"]["name"] == "llm-credentials")
+    );
+
+    // The schema refuses an endpoint that is not an http(s) URL.
+    let out = helm.run(&[
+        "template",
+        "x",
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "operator.agent.endpoint=vllm:8000",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("endpoint"), "{err}");
+}
