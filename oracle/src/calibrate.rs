@@ -443,7 +443,7 @@ pub fn parse_report(text: &str, source: &str) -> Result<BenchmarkResults, Calibr
     } else {
         (doc, "")
     };
-    serde_path_to_error::deserialize::<_, BenchmarkResults>(value).map_err(|e| {
+    let results = serde_path_to_error::deserialize::<_, BenchmarkResults>(value).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." {
             at.trim_end_matches('.').to_string()
@@ -459,7 +459,11 @@ pub fn parse_report(text: &str, source: &str) -> Result<BenchmarkResults, Calibr
             },
             e.inner()
         ))
-    })
+    })?;
+    // Lists and texts within the report's bounds (the CRD's maxItems / maxLength).
+    crate::bounds::check(&results, at.trim_end_matches('.'))
+        .map_err(|e| CalibrationError::Parse(format!("{source}: {e}")))?;
+    Ok(results)
 }
 
 /// `fwd`/`dgrad`/`wgrad` of a comparison row.

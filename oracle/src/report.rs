@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{self, Bound, Bounded, Seen, limits};
+use crate::error::FieldError;
 use crate::layout::Layout;
 use crate::precision::Precision;
 
@@ -24,6 +26,7 @@ pub enum Backend {
 /// One timed operation: a GEMM, an attention core, a memory-bound kernel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<OpMeasurement>))]
 #[serde(rename_all = "camelCase")]
 pub struct OpMeasurement {
     /// What the op is, e.g. `dense.qkv.fwd`, `moe.expert_fc1.dgrad`, `attention.core.bwd`.
@@ -50,6 +53,7 @@ pub struct OpMeasurement {
 /// One timed collective inside the node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<CollectiveMeasurement>))]
 #[serde(rename_all = "camelCase")]
 pub struct CollectiveMeasurement {
     /// `all-reduce`, `reduce-scatter`, `all-gather`, `all-to-all`, `p2p`.
@@ -71,6 +75,7 @@ pub struct CollectiveMeasurement {
 /// Everything one benchmark run measured, with its provenance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<BenchmarkResults>))]
 #[serde(rename_all = "camelCase")]
 pub struct BenchmarkResults {
     /// Measurement backend; `simulate` means no GPU was used.
@@ -108,4 +113,69 @@ pub struct BenchmarkResults {
     pub collectives: Vec<CollectiveMeasurement>,
     /// Peak device memory seen during the run, bytes.
     pub peak_memory_bytes: f64,
+}
+
+/// Timed ops of one report: a layer's op list at a few shapes is a few hundred.
+pub const MAX_REPORT_OPS: u64 = 4096;
+/// Timed collectives of one report: a few sizes of a few ops per group size.
+pub const MAX_REPORT_COLLECTIVES: u64 = 1024;
+/// Dimensions of one op's shape (GEMMs: three).
+pub const MAX_SHAPE_DIMS: u64 = 8;
+
+/// One timed op, bounded.
+impl Bounded for OpMeasurement {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("name", limits::NAME, |o| (&o.name).into()),
+        Bound::text("kind", limits::NAME, |o| (&o.kind).into()),
+        Bound::items("shape", MAX_SHAPE_DIMS, |o| Seen::Items(o.shape.len())),
+    ];
+}
+
+/// One timed collective, bounded.
+impl Bounded for CollectiveMeasurement {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("op", limits::NAME, |c| (&c.op).into()),
+        Bound::int("groupSize", 1, limits::GPUS, |c| c.group_size.into()),
+    ];
+}
+
+/// A report's results, bounded: the API server refuses a larger object (the CRD schema), the
+/// operator and `primus project --calibration` ignore one naming the field.
+impl Bounded for BenchmarkResults {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("gpu", limits::NAME, |r| (&r.gpu).into()),
+        Bound::text("gpuProduct", limits::NAME, |r| (&r.gpu_product).into()),
+        Bound::int("gpuCount", 0, limits::GPUS, |r| r.gpu_count.into()),
+        Bound::text("node", limits::NAME, |r| (&r.node).into()),
+        Bound::text("driverVersion", limits::NAME, |r| {
+            (&r.driver_version).into()
+        }),
+        Bound::text("runtimeVersion", limits::TEXT, |r| {
+            (&r.runtime_version).into()
+        }),
+        Bound::text("startedAt", limits::NAME, |r| (&r.started_at).into()),
+        Bound::text("finishedAt", limits::NAME, |r| (&r.finished_at).into()),
+        Bound::text("model", limits::NAME, |r| (&r.model).into()),
+        Bound::text("shapesKey", limits::TEXT, |r| (&r.shapes_key).into()),
+        Bound::items("reducedAxes", limits::LIST, |r| {
+            Seen::Items(r.reduced_axes.len())
+        }),
+        Bound::items("ops", MAX_REPORT_OPS, |r| Seen::Items(r.ops.len())),
+        Bound::items("collectives", MAX_REPORT_COLLECTIVES, |r| {
+            Seen::Items(r.collectives.len())
+        }),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        bounds::check(&self.target_layout, &bounds::path(at, "targetLayout"))?;
+        bounds::check(&self.measured_layout, &bounds::path(at, "measuredLayout"))?;
+        for (i, o) in self.ops.iter().enumerate() {
+            bounds::check(o, &format!("{}[{i}]", bounds::path(at, "ops")))?;
+        }
+        for (i, c) in self.collectives.iter().enumerate() {
+            bounds::check(c, &format!("{}[{i}]", bounds::path(at, "collectives")))?;
+        }
+        Ok(())
+    }
 }

@@ -142,7 +142,13 @@ pub fn decode_reports(items: Vec<DynamicObject>) -> (Vec<BenchmarkReport>, Vec<(
         let decoded = serde_json::to_value(item)
             .map_err(|e| e.to_string())
             .and_then(|v| Decoded::<BenchmarkReport>::from_value(v).map_err(|e| e.to_string()))
-            .and_then(|d| d.object.map_err(|u| u.error.to_string()));
+            .and_then(|d| d.object.map_err(|u| u.error.to_string()))
+            .and_then(|r: BenchmarkReport| {
+                // Within the bounds the CRD states (an object stored before they existed).
+                primus_oracle::bounds::check(&r.spec.results, "spec.results")
+                    .map(|()| r)
+                    .map_err(|e| e.to_string())
+            });
         match decoded {
             Ok(r) => good.push(r),
             Err(why) => bad.push((name, why)),

@@ -409,6 +409,37 @@ fn reports_parse_as_results_or_as_kubectl_objects() {
 }
 
 #[test]
+fn reports_beyond_their_bounds_are_refused_naming_the_field() {
+    let p = single_node();
+    let r = simulate(&p, Provenance::default());
+    // A simulated report holds a few dozen ops: well within the bounds.
+    assert!(
+        (r.ops.len() as u64) < crate::report::MAX_REPORT_OPS / 10,
+        "{}",
+        r.ops.len()
+    );
+    let mut many = r.clone();
+    let op = many.ops[0].clone();
+    many.ops = vec![op; crate::report::MAX_REPORT_OPS as usize + 1];
+    let e = parse_report(&serde_json::to_string(&many).unwrap(), "many.json").unwrap_err();
+    assert!(e.to_string().contains("ops: "), "{e}");
+    let mut long = r.clone();
+    long.ops[3].name = "x".repeat(300);
+    let e = parse_report(&serde_json::to_string(&long).unwrap(), "long.json").unwrap_err();
+    assert!(e.to_string().contains("ops[3].name"), "{e}");
+    let mut shape = r.clone();
+    shape.ops[0].shape = vec![1; 9];
+    let e = parse_report(&serde_json::to_string(&shape).unwrap(), "shape.json").unwrap_err();
+    assert!(e.to_string().contains("ops[0].shape"), "{e}");
+    let object = serde_json::json!({
+        "kind": "BenchmarkReport",
+        "spec": {"plan": "p", "results": many},
+    });
+    let e = parse_report(&object.to_string(), "r.json").unwrap_err();
+    assert!(e.to_string().contains("spec.results.ops"), "{e}");
+}
+
+#[test]
 fn link_factors_interpolate_in_message_size_and_borrow_across_kinds() {
     let mut links = LinkCalibration::default();
     assert!(links.is_empty());
