@@ -18,10 +18,10 @@ use serde_json::Value;
 use super::{CliError, Common, Output, plan, print_json};
 use primus_oracle::compute::AnalyticTimer;
 use primus_oracle::parse::parse_yaml_value;
-use primus_oracle::plan::SearcherKind;
+use primus_oracle::plan::{Plan, SearcherKind};
 use primus_oracle::tune::exhaustive::Exhaustive;
 use primus_oracle::tune::{
-    Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, trials, tune,
+    Candidate, Progress, Searcher, TuneError, TuneOptions, TuneResult, evolutionary, trials, tune,
 };
 use primus_oracle::units::GIB;
 
@@ -324,8 +324,21 @@ fn gib(b: f64) -> f64 {
 
 /// The report as text.
 pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Scenario) -> String {
-    use std::fmt::Write as _;
     let mut out = String::new();
+    report_header(&mut out, name, r, s);
+    report_rows(&mut out, r);
+    report_trailer(&mut out, r);
+    out
+}
+
+/// The search's headline: what was tuned, how much was evaluated, the memory pre-filter.
+fn report_header(
+    out: &mut String,
+    name: &str,
+    r: &TuneResult,
+    s: &primus_oracle::scenario::Scenario,
+) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         out,
         "{name}: {} tune of {} on {} x {} ({}), seq {}, global batch {}",
@@ -365,6 +378,11 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
             r.within_band.join("; ")
         );
     }
+}
+
+/// The top layouts and the reference, one row each.
+fn report_rows(out: &mut String, r: &TuneResult) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         out,
         "\n{:>3}  {:<52} {:>10} {:>6} {:>14} {:>9}  DOMINATED BY",
@@ -389,10 +407,10 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
         );
     };
     for (i, c) in r.top.iter().enumerate() {
-        row(&mut out, &(i + 1).to_string(), c);
+        row(out, &(i + 1).to_string(), c);
     }
     if let Some(reference) = &r.reference {
-        row(&mut out, "ref", &reference.candidate);
+        row(out, "ref", &reference.candidate);
         if !reference.fits_with_headroom {
             let _ = writeln!(
                 out,
@@ -400,6 +418,11 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
             );
         }
     }
+}
+
+/// The gain, the explanation, the trials, the rejections and the agent's counters.
+fn report_trailer(out: &mut String, r: &TuneResult) {
+    use std::fmt::Write as _;
     if let Some(g) = r.gain_over_reference {
         let _ = writeln!(
             out,
@@ -467,7 +490,6 @@ pub fn report_table(name: &str, r: &TuneResult, s: &primus_oracle::scenario::Sce
             a.improvements,
         );
     }
-    out
 }
 
 pub fn run(args: &Args) -> Result<(), CliError> {
@@ -484,7 +506,44 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     if args.top == Some(0) {
         return Err(CliError::Input("--top: must be greater than 0".into()));
     }
-    let mut searcher: Option<Box<dyn Searcher>> = match kind {
+    let searcher = searcher_of(args, &p, kind)?;
+    let (job_spec, preset) = if args.emit.is_some() {
+        raw_job_settings(&args.file)?
+    } else {
+        (Value::Null, true)
+    };
+    let result = search(args, &p, searcher)?;
+    write_trials(args, &p.name, &result)?;
+
+    let Some(best) = &result.best else {
+        if args.output == Output::Json && args.emit.is_none() {
+            print_json(&result)?;
+        }
+        return Err(CliError::Failed(format!(
+            "no layout is legal and fits in memory ({} rejected by rules, {} by memory at headroom {}); see spec.tuning.memoryHeadroom, fixed and allowed",
+            result.rejected_by_rules, result.rejected_by_memory, result.memory_headroom
+        )));
+    };
+
+    if let Some(Emit::Pytorchjob) = args.emit {
+        return emit_job(args, &p, &result, best, &job_spec, preset);
+    }
+    match args.output {
+        Output::Json => print_json(&result),
+        Output::Table => {
+            print!("{}", report_table(&p.name, &result, &p.scenario));
+            Ok(())
+        }
+    }
+}
+
+/// The searcher `--searcher` (else the plan) names; `None` for searcher none.
+fn searcher_of(
+    args: &Args,
+    p: &Plan,
+    kind: SearcherKind,
+) -> Result<Option<Box<dyn Searcher>>, CliError> {
+    Ok(match kind {
         SearcherKind::None => None,
         SearcherKind::Exhaustive => Some(Box::new(Exhaustive {
             prune: !args.no_prune,
@@ -495,15 +554,18 @@ pub fn run(args: &Args) -> Result<(), CliError> {
                 .unwrap_or(evolutionary::Evolutionary::default().seed),
             ..Default::default()
         })),
-        SearcherKind::Agent => Some(agent_searcher(args, &p)?),
+        SearcherKind::Agent => Some(agent_searcher(args, p)?),
         SearcherKind::Seed => Some(primus_oracle::tune::searcher(kind)?),
-    };
-    let (job_spec, preset) = if args.emit.is_some() {
-        raw_job_settings(&args.file)?
-    } else {
-        (Value::Null, true)
-    };
+    })
+}
 
+/// Run the search (with progress on a terminal and the calibration, if any); an agent whose
+/// endpoint never answered is an error unless `--agent-fallback`.
+fn search(
+    args: &Args,
+    p: &Plan,
+    mut searcher: Option<Box<dyn Searcher>>,
+) -> Result<TuneResult, CliError> {
     let calibrated = match &args.calibration {
         Some(path) => Some(super::project::load_calibration(path, &p.scenario)?),
         None => None,
@@ -521,100 +583,91 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         deadline: None,
     };
     let result = match searcher.as_mut() {
-        Some(b) => tune(&p, Some(&mut **b), &opts),
-        None => tune(&p, None, &opts),
+        Some(b) => tune(p, Some(&mut **b), &opts),
+        None => tune(p, None, &opts),
     };
     display.stop();
-    let mut result = result?;
-    if let Some(why) = result.agent_unavailable.clone() {
-        if !args.agent_fallback {
-            return Err(CliError::Failed(format!(
-                "agent: the endpoint never answered ({why}); give --agent-fallback to use the best non-agent answer instead"
-            )));
-        }
-        if !args.quiet {
-            eprintln!(
-                "warning: agent unavailable ({why}); reporting the exhaustive search's answer (--agent-fallback)"
-            );
-        }
-        result = primus_oracle::tune::agent_fallback(&p, result, &opts)?;
-    }
-    write_trials(args, &p.name, &result)?;
-
-    let Some(best) = &result.best else {
-        if args.output == Output::Json && args.emit.is_none() {
-            print_json(&result)?;
-        }
-        return Err(CliError::Failed(format!(
-            "no layout is legal and fits in memory ({} rejected by rules, {} by memory at headroom {}); see spec.tuning.memoryHeadroom, fixed and allowed",
-            result.rejected_by_rules, result.rejected_by_memory, result.memory_headroom
-        )));
+    let result = result?;
+    let Some(why) = result.agent_unavailable.clone() else {
+        return Ok(result);
     };
+    if !args.agent_fallback {
+        return Err(CliError::Failed(format!(
+            "agent: the endpoint never answered ({why}); give --agent-fallback to use the best non-agent answer instead"
+        )));
+    }
+    if !args.quiet {
+        eprintln!(
+            "warning: agent unavailable ({why}); reporting the exhaustive search's answer (--agent-fallback)"
+        );
+    }
+    Ok(primus_oracle::tune::agent_fallback(p, result, &opts)?)
+}
 
-    if let Some(Emit::Pytorchjob) = args.emit {
-        let template = job_spec.get("template").filter(|t| !t.is_null());
-        let opts = JobOptions {
-            name: job_spec
-                .get("name")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            suspend: args.suspend
-                || job_spec
-                    .get("suspend")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-            projected_tokens_per_second: Some(best.tokens_per_second()),
-            inline_model_card: !preset,
-            launcher: job_spec
-                .get("launcher")
-                .cloned()
-                .and_then(|l| serde_json::from_value(l).ok())
-                .unwrap_or_default(),
-            experiment: job_spec
-                .get("experiment")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-        };
-        let job = pytorchjob(
-            &p.name,
-            args.namespace.as_deref(),
-            &p.scenario,
-            &best.layout,
-            template,
-            &opts,
-        )?;
-        // Through a JSON value, so that keys print sorted as they always have.
-        let job = serde_json::to_value(&job)
-            .map_err(|e| CliError::Failed(format!("PyTorchJob output: {e}")))?;
-        match args.output {
-            Output::Json => print_json(&job)?,
-            Output::Table => {
-                let text = serde_saphyr::to_string(&job)
-                    .map_err(|e| CliError::Failed(format!("YAML output: {e}")))?;
-                print!("{text}");
-            }
-        }
-        if !args.quiet {
-            eprintln!(
-                "{}: {} ({:.1} tokens/s/GPU){}",
-                p.name,
-                best.label,
-                best.tokens_per_second(),
-                result
-                    .gain_over_reference
-                    .map_or(String::new(), |g| format!(
-                        ", {:+.1}% over the reference",
-                        g * 100.0
-                    ))
-            );
-        }
-        return Ok(());
-    }
+/// `--emit pytorchjob`: the job of the best layout with the plan file's `spec.job` settings.
+fn emit_job(
+    args: &Args,
+    p: &Plan,
+    result: &TuneResult,
+    best: &Candidate,
+    job_spec: &Value,
+    preset: bool,
+) -> Result<(), CliError> {
+    let template = job_spec.get("template").filter(|t| !t.is_null());
+    let opts = JobOptions {
+        name: job_spec
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        suspend: args.suspend
+            || job_spec
+                .get("suspend")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        projected_tokens_per_second: Some(best.tokens_per_second()),
+        inline_model_card: !preset,
+        launcher: job_spec
+            .get("launcher")
+            .cloned()
+            .and_then(|l| serde_json::from_value(l).ok())
+            .unwrap_or_default(),
+        experiment: job_spec
+            .get("experiment")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    };
+    let job = pytorchjob(
+        &p.name,
+        args.namespace.as_deref(),
+        &p.scenario,
+        &best.layout,
+        template,
+        &opts,
+    )?;
+    // Through a JSON value, so that keys print sorted as they always have.
+    let job = serde_json::to_value(&job)
+        .map_err(|e| CliError::Failed(format!("PyTorchJob output: {e}")))?;
     match args.output {
-        Output::Json => print_json(&result),
+        Output::Json => print_json(&job)?,
         Output::Table => {
-            print!("{}", report_table(&p.name, &result, &p.scenario));
-            Ok(())
+            let text = serde_saphyr::to_string(&job)
+                .map_err(|e| CliError::Failed(format!("YAML output: {e}")))?;
+            print!("{text}");
         }
     }
+    if !args.quiet {
+        eprintln!(
+            "{}: {} ({:.1} tokens/s/GPU){}",
+            p.name,
+            best.label,
+            best.tokens_per_second(),
+            result
+                .gain_over_reference
+                .map_or(String::new(), |g| format!(
+                    ", {:+.1}% over the reference",
+                    g * 100.0
+                ))
+        );
+    }
+    Ok(())
 }
