@@ -313,26 +313,7 @@ impl HardwareProfile {
     /// in the input.
     pub fn validate(&self, at: &str) -> Result<(), FieldError> {
         bounds::check(self, at)?;
-        let positive = |name: &str, v: f64| -> Result<(), FieldError> {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(FieldError::new(
-                    format!("{at}.{name}"),
-                    format!("must be a positive number, got {v}"),
-                ))
-            }
-        };
-        let fraction = |name: &str, v: f64| -> Result<(), FieldError> {
-            if v.is_finite() && v > 0.0 && v <= 1.0 {
-                Ok(())
-            } else {
-                Err(FieldError::new(
-                    format!("{at}.{name}"),
-                    format!("must be a fraction in (0, 1], got {v}"),
-                ))
-            }
-        };
+        let positive = |name: &str, v: f64| positive(at, name, v);
         positive("peakTflops.bf16", self.peak_tflops.bf16)?;
         positive("peakTflops.fp8", self.peak_tflops.fp8)?;
         positive("memoryGib", self.memory_gib)?;
@@ -371,6 +352,13 @@ impl HardwareProfile {
                 "latencies must be non-negative",
             ));
         }
+        self.validate_efficiency(at)
+    }
+
+    /// The time model's efficiency parameters and the flex dispatch backends.
+    fn validate_efficiency(&self, at: &str) -> Result<(), FieldError> {
+        let positive = |name: &str, v: f64| positive(at, name, v);
+        let fraction = |name: &str, v: f64| fraction(at, name, v);
         let e = &self.efficiency;
         fraction("efficiency.gemmBf16Max", e.gemm_bf16_max)?;
         fraction("efficiency.gemmFp8Max", e.gemm_fp8_max)?;
@@ -422,5 +410,29 @@ impl HardwareProfile {
             ));
         }
         Ok(())
+    }
+}
+
+/// `at.name` must be a positive number.
+fn positive(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            format!("{at}.{name}"),
+            format!("must be a positive number, got {v}"),
+        ))
+    }
+}
+
+/// `at.name` must be a fraction in (0, 1].
+fn fraction(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            format!("{at}.{name}"),
+            format!("must be a fraction in (0, 1], got {v}"),
+        ))
     }
 }

@@ -522,20 +522,19 @@ impl AgentSearcher {
         round: u32,
     ) -> String {
         let s = ctx.scenario;
-        let annotate = |mut t: Trial, n: &Layout, beyond: &[String]| {
-            t.round = Some(round);
-            if n != l {
-                t.proposed = Some(l.clone());
-            }
-            t.beyond_grid = beyond.to_vec();
-            t
-        };
         let Some((n, beyond)) = ctx.space.normalize_open(s, l) else {
             stats.outside_space += 1;
-            let mut t = annotate(Trial::new(Source::Agent, l, Verdict::OutsideSpace), l, &[]);
+            let mut t = Trial::new(Source::Agent, l, Verdict::OutsideSpace);
+            t.round = Some(round);
             t.reason = Some("a pinned or disallowed value".into());
             scorer.trials.push(t);
             return "outside the allowed values (pinned or not allowed)".into();
+        };
+        let p = Proposal {
+            proposed: l,
+            normalized: &n,
+            beyond: &beyond,
+            round,
         };
         let scored_as = if n != *l {
             format!(" (scored as {})", n.label())
@@ -549,11 +548,9 @@ impl AgentSearcher {
             }
             // Count it as the pre-filter would.
             scorer.stats.reject(s, &n, &r, 1);
-            scorer.trials.push(annotate(
-                Trial::rejected(Source::Agent, &n, &r),
-                &n,
-                &beyond,
-            ));
+            scorer
+                .trials
+                .push(p.annotate(Trial::rejected(Source::Agent, &n, &r)));
             return format!("rejected, {r}{scored_as}");
         }
         let before = scorer.top.best().map(|c| c.tokens_per_second());
@@ -562,31 +559,14 @@ impl AgentSearcher {
             Some(c) => {
                 if scorer.unique() == unique {
                     stats.repeated += 1;
-                    let mut t = annotate(
-                        Trial::new(Source::Agent, &n, Verdict::Repeated),
-                        &n,
-                        &beyond,
-                    );
+                    let mut t = p.annotate(Trial::new(Source::Agent, &n, Verdict::Repeated));
                     t.reason = Some(format!(
                         "scored before: {:.0} tok/s/GPU",
                         c.tokens_per_second()
                     ));
                     scorer.trials.push(t);
                 } else {
-                    stats.scored += 1;
-                    if !beyond.is_empty() {
-                        stats.beyond_grid += 1;
-                    }
-                    if scorer.trials.trials.len() > logged
-                        && let Some(t) = scorer.trials.trials.last_mut()
-                    {
-                        *t = annotate(t.clone(), &n, &beyond);
-                    } else {
-                        // Resolved (full recompute) to a layout scored before under another
-                        // name: its trial, once more under this proposal.
-                        let t = Trial::scored(Source::Agent, &c.layout, c.tokens_per_second());
-                        scorer.trials.push(annotate(t, &n, &beyond));
-                    }
+                    record_scored(scorer, stats, &p, &c, logged);
                 }
                 if before.is_none_or(|b| c.tokens_per_second() > b) {
                     stats.improvements += 1;
@@ -603,32 +583,88 @@ impl AgentSearcher {
                 )
             }
             None => {
-                // A projection-time rule (its trial logged by the scorer), or no full
-                // recompute count that fits.
-                if scorer.trials.trials.len() > logged
-                    && let Some(t) = scorer.trials.trials.last_mut()
-                {
-                    *t = annotate(t.clone(), &n, &beyond);
-                    let why = t.reason.clone().unwrap_or_default();
-                    if t.verdict == Verdict::RejectedByRule {
-                        stats.rejected_by_rules += 1;
-                    } else {
-                        stats.rejected_by_memory += 1;
-                    }
-                    return format!("rejected, {why}{scored_as}");
-                }
-                stats.rejected_by_memory += 1;
-                let mut t = annotate(
-                    Trial::new(Source::Agent, &n, Verdict::RejectedByMemory),
-                    &n,
-                    &beyond,
-                );
-                t.reason = Some("no full-recompute layer count fits".into());
-                scorer.trials.push(t);
-                format!("rejected, no full-recompute layer count fits{scored_as}")
+                let why = record_unscored(scorer, stats, &p, logged);
+                format!("rejected, {why}{scored_as}")
             }
         }
     }
+}
+
+/// One agent proposal on its way to a trial: as proposed, as normalized and scored, what of it
+/// lies beyond the grid, and its round.
+struct Proposal<'a> {
+    proposed: &'a Layout,
+    normalized: &'a Layout,
+    beyond: &'a [String],
+    round: u32,
+}
+
+impl Proposal<'_> {
+    /// A trial of this proposal: its round, what was proposed when something else was scored,
+    /// what lies beyond the grid.
+    fn annotate(&self, mut t: Trial) -> Trial {
+        t.round = Some(self.round);
+        if self.normalized != self.proposed {
+            t.proposed = Some(self.proposed.clone());
+        }
+        t.beyond_grid = self.beyond.to_vec();
+        t
+    }
+}
+
+/// A new layout scored for a proposal: counted, and its trial (logged by the scorer, or
+/// once more when it resolved to a layout scored before under another name) annotated.
+fn record_scored(
+    scorer: &mut Scorer,
+    stats: &mut AgentStats,
+    p: &Proposal<'_>,
+    c: &Scored,
+    logged: usize,
+) {
+    stats.scored += 1;
+    if !p.beyond.is_empty() {
+        stats.beyond_grid += 1;
+    }
+    if scorer.trials.trials.len() > logged
+        && let Some(t) = scorer.trials.trials.last_mut()
+    {
+        *t = p.annotate(t.clone());
+    } else {
+        // Resolved (full recompute) to a layout scored before under another name: its
+        // trial, once more under this proposal.
+        let t = Trial::scored(Source::Agent, &c.layout, c.tokens_per_second());
+        scorer.trials.push(p.annotate(t));
+    }
+}
+
+/// A proposal the scorer could not score: a projection-time rule (its trial logged by the
+/// scorer), or no full-recompute count that fits. Counted, its trial annotated; the reason.
+fn record_unscored(
+    scorer: &mut Scorer,
+    stats: &mut AgentStats,
+    p: &Proposal<'_>,
+    logged: usize,
+) -> String {
+    if scorer.trials.trials.len() > logged
+        && let Some(t) = scorer.trials.trials.last_mut()
+    {
+        *t = p.annotate(t.clone());
+        if t.verdict == Verdict::RejectedByRule {
+            stats.rejected_by_rules += 1;
+        } else {
+            stats.rejected_by_memory += 1;
+        }
+        return t.reason.clone().unwrap_or_default();
+    }
+    stats.rejected_by_memory += 1;
+    let mut t = p.annotate(Trial::new(
+        Source::Agent,
+        p.normalized,
+        Verdict::RejectedByMemory,
+    ));
+    t.reason = Some("no full-recompute layer count fits".into());
+    scorer.trials.push(t);
+    "no full-recompute layer count fits".into()
 }
 
 #[cfg(test)]

@@ -290,18 +290,11 @@ impl TrialSummary {
 /// GPU so far; scored trials are dots coloured by source.
 pub fn plot_svg(trials: &[Trial], title: &str) -> String {
     use std::fmt::Write as _;
-    const W: f64 = 720.0;
-    const H: f64 = 400.0;
-    const L: f64 = 70.0;
-    const R: f64 = 20.0;
-    const T: f64 = 40.0;
-    const B: f64 = 50.0;
     let scored: Vec<(u64, f64, Source)> = trials
         .iter()
         .filter_map(|t| t.tokens_per_second.map(|v| (t.n, v, t.source)))
         .filter(|(_, v, _)| v.is_finite())
         .collect();
-    let n = trials.len().max(1) as f64;
     let (lo, hi) = scored
         .iter()
         .fold((f64::MAX, 0.0f64), |(lo, hi), (_, v, _)| {
@@ -309,76 +302,26 @@ pub fn plot_svg(trials: &[Trial], title: &str) -> String {
         });
     let lo = if scored.is_empty() { 0.0 } else { lo * 0.95 };
     let hi = if hi > lo { hi * 1.02 } else { lo + 1.0 };
-    let x = |i: f64| L + (i - 1.0).max(0.0) / (n - 1.0).max(1.0) * (W - L - R);
-    let y = |v: f64| T + (hi - v) / (hi - lo) * (H - T - B);
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
+    let f = Frame {
+        lo,
+        hi,
+        n: trials.len().max(1) as f64,
     };
     let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(o, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
-        W / 2.0,
-        esc(title)
-    );
-    let _ = writeln!(
-        o,
-        r#"<line x1="{L}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{L}" y1="{T}" x2="{L}" y2="{}" stroke="black"/>"#,
-        H - B,
-        W - R,
-        H - B,
-        H - B
-    );
-    for k in 0..=4 {
-        let v = lo + (hi - lo) * k as f64 / 4.0;
-        let _ = writeln!(
-            o,
-            r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.0}</text>"#,
-            L - 6.0,
-            y(v) + 4.0
-        );
-    }
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="{}" text-anchor="middle">trial (of {})</text>"#,
-        (L + W - R) / 2.0,
-        H - 12.0,
-        trials.len()
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">best tokens/s/GPU so far</text>"#,
-        H / 2.0,
-        H / 2.0
-    );
-    let colour = |s: Source| match s {
-        Source::Reference => "#777777",
-        Source::Seed => "#1f77b4",
-        Source::Exhaustive => "#2ca02c",
-        Source::Evolutionary => "#9467bd",
-        Source::Agent => "#d62728",
-        Source::Benchmark => "#ff7f0e",
-    };
+    f.axes(&mut o, title, trials.len());
     for (i, v, s) in &scored {
         let _ = writeln!(
             o,
             r#"<circle cx="{:.1}" cy="{:.1}" r="2" fill="{}" opacity="0.5"/>"#,
-            x(*i as f64),
-            y(*v),
-            colour(*s)
+            f.x(*i as f64),
+            f.y(*v),
+            source_colour(*s)
         );
     }
     let mut points = String::new();
     for t in trials {
         if let Some(b) = t.best_so_far {
-            let _ = write!(points, "{:.1},{:.1} ", x(t.n as f64), y(b));
+            let _ = write!(points, "{:.1},{:.1} ", f.x(t.n as f64), f.y(b));
         }
     }
     let _ = writeln!(
@@ -389,20 +332,115 @@ pub fn plot_svg(trials: &[Trial], title: &str) -> String {
     let mut sources: Vec<Source> = scored.iter().map(|(_, _, s)| *s).collect();
     sources.sort();
     sources.dedup();
+    legend(&mut o, &sources);
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The plot's size and margins, pixels.
+const W: f64 = 720.0;
+const H: f64 = 400.0;
+const L: f64 = 70.0;
+const R: f64 = 20.0;
+const T: f64 = 40.0;
+const B: f64 = 50.0;
+
+/// The plotted ranges: tokens/s/GPU from `lo` to `hi`, trials 1 to `n`.
+struct Frame {
+    lo: f64,
+    hi: f64,
+    n: f64,
+}
+
+impl Frame {
+    fn x(&self, i: f64) -> f64 {
+        L + (i - 1.0).max(0.0) / (self.n - 1.0).max(1.0) * (W - L - R)
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        T + (self.hi - v) / (self.hi - self.lo) * (H - T - B)
+    }
+
+    /// The document's head, the title, both axes with their ticks and labels.
+    fn axes(&self, o: &mut String, title: &str, trials: usize) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            o,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(o, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
+            W / 2.0,
+            xml_escape(title)
+        );
+        let _ = writeln!(
+            o,
+            r#"<line x1="{L}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{L}" y1="{T}" x2="{L}" y2="{}" stroke="black"/>"#,
+            H - B,
+            W - R,
+            H - B,
+            H - B
+        );
+        for k in 0..=4 {
+            let v = self.lo + (self.hi - self.lo) * k as f64 / 4.0;
+            let _ = writeln!(
+                o,
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{v:.0}</text>"#,
+                L - 6.0,
+                self.y(v) + 4.0
+            );
+        }
+        let _ = writeln!(
+            o,
+            r#"<text x="{}" y="{}" text-anchor="middle">trial (of {trials})</text>"#,
+            (L + W - R) / 2.0,
+            H - 12.0,
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="16" y="{}" transform="rotate(-90 16 {})" text-anchor="middle">best tokens/s/GPU so far</text>"#,
+            H / 2.0,
+            H / 2.0
+        );
+    }
+}
+
+/// Text for an SVG element.
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The colour of a trial's source in the plot.
+fn source_colour(s: Source) -> &'static str {
+    match s {
+        Source::Reference => "#777777",
+        Source::Seed => "#1f77b4",
+        Source::Exhaustive => "#2ca02c",
+        Source::Evolutionary => "#9467bd",
+        Source::Agent => "#d62728",
+        Source::Benchmark => "#ff7f0e",
+    }
+}
+
+/// One coloured dot and name per source, along the top.
+fn legend(o: &mut String, sources: &[Source]) {
+    use std::fmt::Write as _;
     for (k, s) in sources.iter().enumerate() {
         let lx = L + 10.0 + 110.0 * k as f64;
         let _ = writeln!(
             o,
             r#"<circle cx="{lx}" cy="{}" r="4" fill="{}"/><text x="{}" y="{}">{}</text>"#,
             T + 6.0,
-            colour(*s),
+            source_colour(*s),
             lx + 8.0,
             T + 10.0,
             s.as_str()
         );
     }
-    o.push_str("</svg>\n");
-    o
 }
 
 #[cfg(test)]
