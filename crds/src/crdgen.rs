@@ -9,11 +9,16 @@ use crate::{BenchmarkReport, TrainingPlan};
 /// Remove `nullable: true` from a schema, recursively. Optional fields are omitted, never sent
 /// as null, so nothing is lost; and Kubernetes <= 1.26 cannot publish nullable fields to
 /// OpenAPI v2, so with it `kubectl explain` shows no fields under them (seen on the 1.20 test
-/// bed: `explain trainingplan.spec.parallelism` listed nothing).
+/// bed: `explain trainingplan.spec.parallelism` listed nothing). A `null` member of an `enum`
+/// (an optional enum: `Option<RouterDtype>`) goes too: 1.20's client-side validation refuses
+/// the CRD ("unknown object type nil").
 fn strip_nullable(v: &mut Value) {
     match v {
         Value::Object(map) => {
             map.remove("nullable");
+            if let Some(Value::Array(members)) = map.get_mut("enum") {
+                members.retain(|m| !m.is_null());
+            }
             for child in map.values_mut() {
                 strip_nullable(child);
             }
