@@ -344,7 +344,7 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
         Ok(s) => s,
         Err(status) => return (empty_result(row, status), None),
     };
-    let layout = match row_layout(row, header) {
+    let layout = match row_layout(row, header, scenario.model.moe.is_some()) {
         Ok(l) => l,
         Err(e) => return bad(e),
     };

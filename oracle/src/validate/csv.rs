@@ -103,6 +103,23 @@ pub(super) const ROW_GRAD_REDUCE_IN_FP32: bool = false;
 /// layout defaults to Megatron-LM's 0.1.
 const ROW_DROPOUT: f64 = 0.0;
 
+/// MoE execution options of a row whose cell (or column) is empty: what the published
+/// performance recipes run, not Megatron-LM's bare defaults (allgather, sequential experts,
+/// auxiliary-loss routing), which a TrainingPlan's layout keeps because a job without the
+/// flags runs them. Of the 64 MoE rows with the options written out (published.csv,
+/// extra.csv, moe.csv: Megatron-Bridge / NeMo performance recipes, Megatron-MoE-ModelZoo,
+/// Primus), 60 use grouped experts, 58 fused permutation, 56 forced load balancing (NVIDIA's
+/// performance tables set `moe_router_force_load_balancing`), and every one a token-routing
+/// dispatcher (alltoall, or flex where the GPU's library runs it); alltoall needs no library.
+/// A row from a table that lists only the parallel layout (shared/validation/published.csv's
+/// columns) is projected as such a recipe.
+const ROW_MOE_DEFAULTS: &[(&str, &str)] = &[
+    ("tokenDispatcher", "alltoall"),
+    ("groupedGemm", "grouped"),
+    ("permuteFusion", "true"),
+    ("forceLoadBalancing", "true"),
+];
+
 /// Split CSV text into records (RFC 4180: quoted fields may hold commas, doubled quotes and
 /// newlines). Returns (line number of the record's start, fields).
 pub fn parse_csv(text: &str) -> Result<Vec<(usize, Vec<String>)>, String> {
@@ -364,7 +381,9 @@ pub(super) fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, Row
 }
 
 /// The row's layout, through the same deserializer as `spec.parallelism`.
-pub(super) fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String> {
+/// A row's layout; `recipe_moe`: a MoE model's row whose MoE option cells are empty runs
+/// [`ROW_MOE_DEFAULTS`].
+pub(super) fn row_layout(row: &Row, header: &[String], recipe_moe: bool) -> Result<Layout, String> {
     let mut obj = serde_json::Map::new();
     for col in header {
         if LAYOUT_COLUMNS.contains(&col.as_str()) {
@@ -387,6 +406,13 @@ pub(super) fn row_layout(row: &Row, header: &[String]) -> Result<Layout, String>
         let v = row.get(col);
         if MOE_COLUMNS.contains(&col.as_str()) && !v.is_empty() {
             moe.insert(col.clone(), layout_value(col, v));
+        }
+    }
+    if recipe_moe {
+        for (col, v) in ROW_MOE_DEFAULTS {
+            if !moe.contains_key(*col) {
+                moe.insert((*col).into(), layout_value(col, v));
+            }
         }
     }
     if !moe.is_empty() {
