@@ -141,7 +141,11 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
     let e = moe.error.expect("projected");
     assert!(e.abs() < 0.30, "N19 {:+.1}%", e * 100.0);
     let dense = r.rows.iter().find(|x| x.id == "D1").expect("D1");
-    assert!(dense.error.is_some(), "the dense row projects: {:?}", dense.status);
+    assert!(
+        dense.error.is_some(),
+        "the dense row projects: {:?}",
+        dense.status
+    );
     assert!(!dense.layout.contains("alltoall"), "{}", dense.layout);
     // A written cell wins over the recipe default.
     let written = format!(

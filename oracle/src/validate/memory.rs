@@ -522,7 +522,8 @@ fn row_job(
             columns.push(c.to_string());
         }
     }
-    let mut layout = row_layout(&in_layout_words(row, amd), &columns, false).map_err(RowStatus::BadRow)?;
+    let mut layout =
+        row_layout(&in_layout_words(row, amd), &columns, false).map_err(RowStatus::BadRow)?;
     if row.get("expandableSegments").is_empty() {
         layout.expandable_segments = meta.framework.default_expandable_segments();
     }
