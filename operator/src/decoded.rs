@@ -123,7 +123,7 @@ mod tests {
         let mut bad = good_spec();
         bad["parallelism"] = json!({"tp": 4294967296u64});
         let mut layout = good_spec();
-        layout["parallelism"] = json!({"pipelineLayout": "Et|((t|tL"});
+        layout["parallelism"] = json!({"microBatchSize": "two"});
         let list = json!([
             plan(good_spec(), json!({})),
             plan(bad, json!({})),
@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(e.field, "spec.parallelism.tp");
         assert!(e.message.contains("4294967296"), "{e}");
         let e = &items[2].object.as_ref().unwrap_err().error;
-        assert_eq!(e.field, "spec.parallelism.pipelineLayout");
+        assert_eq!(e.field, "spec.parallelism.microBatchSize");
         // Metadata is there for every item, so the controller can name and address it.
         assert!(items.iter().all(|i| i.meta().name.as_deref() == Some("p")));
         assert_eq!(items[1].meta().generation, Some(2));
