@@ -147,7 +147,8 @@ fn what_the_server_accepts_decodes_and_the_validator_names() {
     let Some(tb) = testbed!() else { return };
     let ns = tb.namespace("api-decodes");
     // Within every bound the schema can express, wrong in ways it cannot: an unbalanced
-    // layout (the grammar), a tp*pp grid of 2^32 GPUs (a product), the agent searcher.
+    // layout (the grammar), a tp*pp grid of 2^32 GPUs (a product), an agent endpoint named by the
+    // plan (the operator's configuration, issue 17).
     let cases = [
         (
             "parens",
@@ -161,8 +162,10 @@ fn what_the_server_accepts_decodes_and_the_validator_names() {
         ),
         (
             "agent",
-            format!("{TRAINING}  tuning: {{searcher: agent}}\n"),
-            "spec.tuning.searcher: the operator does not run the `agent` searcher",
+            format!(
+                "{TRAINING}  tuning: {{searcher: agent, agent: {{endpoint: 'http://llm.example:8000/v1'}}}}\n"
+            ),
+            "spec.tuning.agent.endpoint: set by the operator's configuration",
         ),
         // At the bounds: accepted, decoded and valid.
         (
