@@ -6,15 +6,20 @@
 //! ([`primus_tests::hostile`]): it must end in a decision (Stalled naming a field, or a chosen
 //! layout) without panicking, overflowing its stack, allocating without bound or searching
 //! past its budget. Hostile BenchmarkReports (genuine simulated ones with hostile values,
-//! absurd medians, thousands of measurements) go the same way as the plan's report.
+//! absurd medians, thousands of measurements) are decoded as the controller decodes them
+//! (`decode_reports`: the CRD's bounds apply) and those kept go the same way as the plan's
+//! report.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kube::api::DynamicObject;
 use primus_crds::TrainingPlanSpec;
+use primus_operator::benchmark::decode_reports;
 use primus_operator::choose;
 use primus_operator::decide::{self, Next};
+use primus_operator::kubeapi::report_resource;
 use primus_oracle::plan::Plan;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::BenchmarkResults;
@@ -166,13 +171,35 @@ fn operator_report_cases() {
         budget: BUDGET,
     }
     .run(reports, move |(i, report, depth)| {
-        // The controller decodes a report from the API server's JSON, object by object.
-        let text = inputs::expand_deep(&report, depth);
-        let Ok(report) = serde_json::from_str::<BenchmarkResults>(&text) else {
-            count("report undecodable");
+        // The controller decodes reports from the API server's JSON, object by object, and
+        // keeps those within the CRD's bounds (`benchmark::observe::decode_reports`).
+        let results = if inputs::has_deep(&report) {
+            let Some(text) = inputs::expand_deep_within(&report, depth, inputs::MAX_REQUEST_BYTES)
+            else {
+                count("report larger than the API server takes");
+                return Ok(());
+            };
+            match serde_json::from_str::<Value>(&text) {
+                Ok(v) => v,
+                Err(_) => {
+                    count("report nested past what JSON readers take");
+                    return Ok(());
+                }
+            }
+        } else {
+            report
+        };
+        let mut object = DynamicObject::new("hostile-bench", &report_resource());
+        object.data = serde_json::json!({"spec": {"plan": "hostile", "results": results}});
+        let (mut good, bad) = decode_reports(vec![object]);
+        let Some(report) = good.pop() else {
+            if bad.iter().any(|(_, why)| why.contains('\n') || why.is_empty()) {
+                return Err(format!("a refusal that is not one line: {bad:?}"));
+            }
+            count("report refused at decode");
             return Ok(());
         };
-        decide_with(&plans[i], Some(&report))
+        decide_with(&plans[i], Some(&report.spec.results))
     });
     if let Ok(m) = OUTCOMES.lock() {
         println!("operator report outcomes: {m:?}");

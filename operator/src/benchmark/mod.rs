@@ -32,7 +32,7 @@ mod trust;
 
 pub use apply::apply;
 pub use decide::{Action, Decision, decide};
-pub use observe::{Observed, observe};
+pub use observe::{Observed, decode_reports, observe};
 pub use pod::{pod, token_secret};
 pub use trust::distrust;
 

@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use proptest::strategy::Strategy;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
@@ -204,13 +204,16 @@ impl Cases {
         let mut runner = TestRunner::new(Config {
             cases: self.cases,
             failure_persistence: None,
+            // Shrinking re-runs cases of seconds each: bounded, so a failure is reported in
+            // minutes, not after the CI's time limit.
+            max_shrink_time: 120_000,
             ..Config::default()
         });
         let ran = AtomicUsize::new(0);
         let budget = self.budget;
         let result = runner.run(&strategy, |input| {
             let n = ran.fetch_add(1, Ordering::Relaxed);
-            let what = short(&format!("{input:?}"));
+            let what = short_debug(&input);
             // Before the case: an abort (stack overflow, allocation failure) leaves this as
             // the last line the driver shows.
             eprintln!("hostile case {n} ({}): {what}", self.entry);
@@ -220,8 +223,16 @@ impl Cases {
                 Ok(Err(e)) | Err(e) => Err(TestCaseError::fail(format!("{e}: {what}"))),
             }
         });
-        if let Err(e) = result {
-            panic!("{}: {e}", self.entry);
+        match result {
+            Ok(()) => {}
+            // The reason first and the input cut short: the driver shows only the tail of
+            // the child's output, and a pretty-printed input fills it.
+            Err(TestError::Fail(reason, input)) => panic!(
+                "{}: {reason}; smallest failing input: {}",
+                self.entry,
+                short_debug(&input)
+            ),
+            Err(e @ TestError::Abort(_)) => panic!("{}: {}", self.entry, short(&e.to_string())),
         }
         println!(
             "hostile cases: {} {}",
@@ -230,6 +241,30 @@ impl Cases {
         );
     }
 }
+
+/// At most 300 characters of a value's `Debug`, formatting no more than that (inputs of
+/// millions of characters would take seconds to format in a debug build).
+pub fn short_debug<T: std::fmt::Debug>(value: &T) -> String {
+    struct Cut(String);
+    impl std::fmt::Write for Cut {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = SHORT.saturating_sub(self.0.chars().count());
+            self.0.extend(s.chars().take(room));
+            if s.chars().count() > room {
+                return Err(std::fmt::Error);
+            }
+            Ok(())
+        }
+    }
+    let mut cut = Cut(String::new());
+    match std::fmt::write(&mut cut, format_args!("{value:?}")) {
+        Ok(()) => cut.0,
+        Err(_) => format!("{}... (cut)", cut.0),
+    }
+}
+
+/// Characters a description keeps.
+const SHORT: usize = 300;
 
 /// At most 300 characters of a description (inputs hold strings of 100,000 characters).
 pub fn short(s: &str) -> String {
