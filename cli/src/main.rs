@@ -40,7 +40,7 @@ enum Command {
     /// Report measured throughput of a running job to its TrainingPlan (`status.measured`).
     Report(cli::report::Args),
     /// Search the plan's layouts (memory pre-filter, then projection) and report the best, or
-    /// print it as a PyTorchJob (`--emit pytorchjob`).
+    /// print it as a PyTorchJob or a TrainJob (`--emit pytorchjob|trainjob`).
     Tune(cli::tune::Args),
 }
 

@@ -1,4 +1,4 @@
-//! `primus tune -f PLAN [-o table|json] [--searcher ...] [--top K] [-q] [--emit pytorchjob]
+//! `primus tune -f PLAN [-o table|json] [--searcher ...] [--top K] [-q] [--emit pytorchjob|trainjob]
 //! [--agent-endpoint URL --agent-model M --agent-api-key-env VAR --agent-timeout-seconds S]`:
 //! search the plan's layouts and report the best (DESIGN.md section 4), or print the best as a
 //! PyTorchJob.
@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use primus_crds::pytorchjob::{JobOptions, pytorchjob};
+use primus_crds::job;
+use primus_crds::pytorchjob::JobOptions;
+use primus_crds::{JobKind, JobSpec};
 use serde_json::Value;
 
 use super::{CliError, Common, Output, plan, print_json};
@@ -52,6 +54,9 @@ impl From<SearcherArg> for SearcherKind {
 pub enum Emit {
     /// A complete kubeflow.org/v1 PyTorchJob running the best layout (YAML; JSON with -o json).
     Pytorchjob,
+    /// A Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) running the best layout
+    /// on the plan's `spec.job.runtimeRef` (default `torch-distributed`).
+    Trainjob,
 }
 
 #[derive(Debug, clap::Args)]
@@ -525,8 +530,12 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         )));
     };
 
-    if let Some(Emit::Pytorchjob) = args.emit {
-        return emit_job(args, &p, &result, best, &job_spec, preset);
+    if let Some(emit) = args.emit {
+        let kind = match emit {
+            Emit::Pytorchjob => JobKind::PyTorchJob,
+            Emit::Trainjob => JobKind::TrainJob,
+        };
+        return emit_job(args, &p, (best, kind), &result, &job_spec, preset);
     }
     match args.output {
         Output::Json => print_json(&result),
@@ -604,16 +613,31 @@ fn search(
     Ok(primus_oracle::tune::agent_fallback(p, result, &opts)?)
 }
 
-/// `--emit pytorchjob`: the job of the best layout with the plan file's `spec.job` settings.
+/// `--emit pytorchjob|trainjob`: the job of the best layout with the plan file's `spec.job`
+/// settings.
 fn emit_job(
     args: &Args,
     p: &Plan,
+    (best, kind): (&Candidate, JobKind),
     result: &TuneResult,
-    best: &Candidate,
     job_spec: &Value,
     preset: bool,
 ) -> Result<(), CliError> {
-    let template = job_spec.get("template").filter(|t| !t.is_null());
+    let template = job_spec.get("template").filter(|t| !t.is_null()).cloned();
+    let runtime_ref = match job_spec.get("runtimeRef").filter(|r| !r.is_null()) {
+        Some(r) => Some(
+            serde_json::from_value(r.clone())
+                .map_err(|e| CliError::Input(format!("spec.job.runtimeRef: {e}")))?,
+        ),
+        None => None,
+    };
+    let spec = JobSpec {
+        template,
+        kind: Some(kind),
+        // The runtime belongs to a TrainJob; a PyTorchJob emitted from a TrainJob plan has none.
+        runtime_ref: runtime_ref.filter(|_| kind == JobKind::TrainJob),
+        ..JobSpec::default()
+    };
     let opts = JobOptions {
         name: job_spec
             .get("name")
@@ -636,17 +660,17 @@ fn emit_job(
             .and_then(Value::as_str)
             .map(str::to_string),
     };
-    let job = pytorchjob(
+    let job = job::write(
         &p.name,
         args.namespace.as_deref(),
         &p.scenario,
         &best.layout,
-        template,
+        &spec,
         &opts,
     )?;
     // Through a JSON value, so that keys print sorted as they always have.
     let job = serde_json::to_value(&job)
-        .map_err(|e| CliError::Failed(format!("PyTorchJob output: {e}")))?;
+        .map_err(|e| CliError::Failed(format!("{kind:?} output: {e}")))?;
     match args.output {
         Output::Json => print_json(&job)?,
         Output::Table => {

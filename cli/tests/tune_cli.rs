@@ -1,4 +1,4 @@
-//! `primus tune`: the JSON contract (DESIGN.md section 4), `--emit pytorchjob`, searcher `none`,
+//! `primus tune`: the JSON contract (DESIGN.md section 4), `--emit pytorchjob|trainjob`, searcher `none`,
 //! pinned axes from the plan, and exit 2 with one line naming the field for bad plans.
 
 use assert_cmd::Command;
@@ -340,4 +340,56 @@ fn nothing_fits_is_a_failure_with_the_counts() {
         err.contains("no layout") && err.contains("by memory"),
         "{err}"
     );
+}
+
+#[test]
+fn emit_trainjob_prints_the_best_layout_as_a_trainjob_on_the_plans_runtime() {
+    let plan = plan_file(&format!(
+        "{SMALL}  job:\n    kind: TrainJob\n    runtimeRef: {{name: megatron, kind: TrainingRuntime}}\n"
+    ));
+    let path = plan.path().to_str().unwrap();
+    let out = primus()
+        .args([
+            "tune",
+            "-f",
+            path,
+            "--emit",
+            "trainjob",
+            "-o",
+            "json",
+            "--suspend",
+        ])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let job: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(job["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+    assert_eq!(job["kind"], "TrainJob");
+    assert_eq!(job["spec"]["suspend"], true);
+    assert_eq!(job["spec"]["runtimeRef"]["name"], "megatron");
+    assert_eq!(job["spec"]["runtimeRef"]["kind"], "TrainingRuntime");
+    assert_eq!(job["spec"]["trainer"]["numNodes"], 2);
+    assert_eq!(job["spec"]["trainer"]["numProcPerNode"], 8);
+    let tuned = json_of(&["tune", "-f", path, "-o", "json"]);
+    let annotated: Value = serde_json::from_str(
+        job["metadata"]["annotations"]["primus.dev/layout"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        annotated, tuned["best"]["layout"],
+        "the job runs the best layout"
+    );
+    // The same plan emitted as a PyTorchJob has no runtime (`--emit` chooses the kind).
+    let out = primus()
+        .args(["tune", "-f", path, "--emit", "pytorchjob", "-o", "json"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let job: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(job["kind"], "PyTorchJob");
+    assert!(job["spec"].get("runtimeRef").is_none());
 }

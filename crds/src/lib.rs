@@ -14,9 +14,12 @@ pub mod agent;
 pub mod annotations;
 pub mod benchmark_report;
 pub mod crdgen;
+pub mod job;
+pub mod job_meta;
 pub mod provenance;
 pub mod pytorchjob;
 pub mod training_plan;
+pub mod trainjob;
 pub mod validate;
 
 pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
@@ -26,6 +29,7 @@ pub use training_plan::{
     LayoutSummary, MeasuredThroughput, Phase, PrometheusSource, RuntimeRef, SearchSummary,
     TrainingPlan, TrainingPlanSpec, TrainingPlanStatus,
 };
+pub use trainjob::TrainJob;
 pub use validate::Runner;
 
 /// API group of every kind here.

@@ -110,28 +110,31 @@ pub struct BenchmarkSpec {
     pub reuse_within_hours: Option<u32>,
 }
 
-/// The PyTorchJob the operator creates.
+/// The job the operator creates (a PyTorchJob, or a TrainJob with `kind: TrainJob`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
 #[schemars(transform = primus_oracle::bounds::schema::<JobSpec>)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpec {
     /// A kubeflow.org/v1 PyTorchJob (or just its `spec`) that the chosen layout is written into:
     /// replicas, nprocPerNode, GPU resources and the Megatron flags of the `pytorch` container.
+    /// With `kind: TrainJob`, a TrainJob (or its spec): numNodes, numProcPerNode,
+    /// resourcesPerNode and the flags of `trainer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserve_unknown_object")]
     pub template: Option<serde_json::Value>,
     /// Create the job at all (default true). With false the chosen layout is only reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_submit: Option<bool>,
-    /// Create the job suspended (`runPolicy.suspend: true`) so a human can review it.
+    /// Create the job suspended (`runPolicy.suspend: true`; a TrainJob's `spec.suspend`) so a
+    /// human can review it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<bool>,
     /// Name of the job (default: the plan's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// The kind of job written: `PyTorchJob` (kubeflow.org/v1, the default). `TrainJob`
-    /// (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1) is reserved: this version stalls
-    /// the plan naming the field.
+    /// The kind of job written: `PyTorchJob` (kubeflow.org/v1, the default) or `TrainJob`
+    /// (Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1: the template is then a TrainJob
+    /// or its spec, and the job runs on `runtimeRef`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<JobKind>,
     /// What the container runs: `megatron` (the default: Megatron-LM with the layout as
@@ -144,8 +147,8 @@ pub struct JobSpec {
     /// `examples/megatron/exp_pretrain.yaml`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<String>,
-    /// With `kind: TrainJob` (reserved): the training runtime (default the
-    /// ClusterTrainingRuntime `torch-distributed`).
+    /// With `kind: TrainJob`: the training runtime (default the ClusterTrainingRuntime
+    /// `torch-distributed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_ref: Option<RuntimeRef>,
 }

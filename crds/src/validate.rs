@@ -223,12 +223,12 @@ fn check_drift(d: &DriftSpec) -> Result<(), FieldError> {
 /// benchmarking and tuning).
 fn check_job(j: &JobSpec, name: &str, plan: &Plan) -> Result<(), FieldError> {
     bounds::check(j, "spec.job")?;
-    pytorchjob::pytorchjob(
+    crate::job::write(
         name,
         None,
         &plan.scenario,
         &Layout::default(),
-        j.template.as_ref(),
+        j,
         &pytorchjob::JobOptions::default(),
     )?;
     Ok(())

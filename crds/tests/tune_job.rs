@@ -59,73 +59,11 @@ fn layout() -> Layout {
     }
 }
 
+mod common;
+
 /// The CRD's `openAPIV3Schema`.
 fn crd_schema() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/thirdparty/kubeflow.org_pytorchjobs.yaml"
-    );
-    let text = std::fs::read_to_string(path).expect("the PyTorchJob CRD is in the repository");
-    let crd: Value = serde_saphyr::from_str(&text).expect("CRD YAML parses");
-    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
-}
-
-/// A small structural-schema check, as the API server applies it: types, enums, required keys,
-/// minimums, and no unknown fields where the schema does not preserve them.
-fn validate(schema: &Value, v: &Value, path: &str, errors: &mut Vec<String>) {
-    if path == ".metadata" {
-        // The API server validates the root metadata as ObjectMeta itself.
-        return;
-    }
-    if schema["x-kubernetes-preserve-unknown-fields"] == json!(true)
-        && schema.get("properties").is_none()
-    {
-        if !v.is_object() && schema["type"] == json!("object") {
-            errors.push(format!("{path}: expected object"));
-        }
-        return;
-    }
-    let ty = schema["type"].as_str().unwrap_or("");
-    let ok = match ty {
-        "object" => v.is_object(),
-        "string" => v.is_string(),
-        "integer" => v.is_i64() || v.is_u64(),
-        "boolean" => v.is_boolean(),
-        "array" => v.is_array(),
-        "number" => v.is_number(),
-        _ => true,
-    };
-    if !ok {
-        errors.push(format!("{path}: expected {ty}, got {v}"));
-        return;
-    }
-    if let Some(e) = schema["enum"].as_array()
-        && !e.contains(v)
-    {
-        errors.push(format!("{path}: {v} not in {e:?}"));
-    }
-    if let (Some(min), Some(n)) = (schema["minimum"].as_i64(), v.as_i64())
-        && n < min
-    {
-        errors.push(format!("{path}: {n} < {min}"));
-    }
-    if let Some(obj) = v.as_object() {
-        for r in schema["required"].as_array().into_iter().flatten() {
-            if !obj.contains_key(r.as_str().unwrap()) {
-                errors.push(format!("{path}: missing required {r}"));
-            }
-        }
-        for (k, child) in obj {
-            let p = format!("{path}.{k}");
-            if let Some(s) = schema["properties"].get(k) {
-                validate(s, child, &p, errors);
-            } else if let Some(s) = schema.get("additionalProperties").filter(|s| s.is_object()) {
-                validate(s, child, &p, errors);
-            } else if schema["x-kubernetes-preserve-unknown-fields"] != json!(true) {
-                errors.push(format!("{p}: unknown field"));
-            }
-        }
-    }
+    common::crd_schema("kubeflow.org_pytorchjobs.yaml")
 }
 
 fn container(job: &Value, role: &str) -> Value {
@@ -156,8 +94,7 @@ fn default_job_has_the_kubeflow_shape_and_the_layout() {
         ..JobOptions::default()
     };
     let job = pytorchjob("llama3-70b", Some("team-a"), &s, &l, None, &opts).unwrap();
-    let mut errors = Vec::new();
-    validate(&crd_schema(), &job, "", &mut errors);
+    let errors = common::schema_errors(&crd_schema(), &job);
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 
     assert_eq!(job["apiVersion"], "kubeflow.org/v1");
@@ -225,8 +162,7 @@ fn one_node_has_no_worker_and_suspend_is_written() {
     assert!(job["metadata"].get("namespace").is_none());
     let c = container(&job, "Master");
     assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "8");
-    let mut errors = Vec::new();
-    validate(&crd_schema(), &job, "", &mut errors);
+    let errors = common::schema_errors(&crd_schema(), &job);
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 }
 
@@ -296,8 +232,7 @@ fn template_is_merged_without_tracking_labels_and_with_its_own_args() {
         &JobOptions::default(),
     )
     .unwrap();
-    let mut errors = Vec::new();
-    validate(&crd_schema(), &job, "", &mut errors);
+    let errors = common::schema_errors(&crd_schema(), &job);
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 
     let text = job.to_string();

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::runtime::events::{Recorder, Reporter};
+use primus_crds::JobKind;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::Backend;
 
@@ -75,7 +76,8 @@ pub struct Context {
     /// Consecutive failures per plan (`namespace/name`), for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// Whether the PyTorchJob CRD was found, and when that was checked.
-    job_crd: Mutex<Option<(bool, Instant)>>,
+    /// Per job kind (PyTorchJob, TrainJob): whether its CRD is served, and when asked.
+    job_crd: Mutex<[Option<(bool, Instant)>; 2]>,
     /// Reconcile passes running now (shutdown waits for them, and only for them).
     in_flight: AtomicUsize,
 }
@@ -116,7 +118,7 @@ impl Context {
             recorder,
             http,
             failures: Mutex::new(HashMap::new()),
-            job_crd: Mutex::new(None),
+            job_crd: Mutex::new([None, None]),
             in_flight: AtomicUsize::new(0),
         }
     }
@@ -177,23 +179,31 @@ impl Context {
         f.keys().cloned().collect()
     }
 
-    /// The cached answer to "is the PyTorchJob CRD installed", when fresh. Only a positive
+    /// The cached answer to "is the job kind's CRD installed", when fresh. Only a positive
     /// answer is trusted for a while; a missing CRD is looked up again on every pass.
-    pub fn job_crd_cached(&self) -> Option<bool> {
+    pub fn job_crd_cached(&self, kind: JobKind) -> Option<bool> {
         let c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
-        c.filter(|(present, at)| *present && at.elapsed() < CRD_CHECK_TTL)
+        c[kind_slot(kind)]
+            .filter(|(present, at)| *present && at.elapsed() < CRD_CHECK_TTL)
             .map(|(present, _)| present)
     }
 
     /// Drop the cached answer (the next lookup asks discovery).
-    pub fn forget_job_crd(&self) {
+    pub fn forget_job_crd(&self, kind: JobKind) {
         let mut c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
-        *c = None;
+        c[kind_slot(kind)] = None;
     }
 
-    pub fn set_job_crd(&self, present: bool) {
+    pub fn set_job_crd(&self, kind: JobKind, present: bool) {
         let mut c = self.job_crd.lock().unwrap_or_else(|p| p.into_inner());
-        *c = Some((present, Instant::now()));
+        c[kind_slot(kind)] = Some((present, Instant::now()));
+    }
+}
+
+fn kind_slot(kind: JobKind) -> usize {
+    match kind {
+        JobKind::PyTorchJob => 0,
+        JobKind::TrainJob => 1,
     }
 }
 

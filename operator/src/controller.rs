@@ -13,6 +13,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
+use primus_crds::JobKind;
 use primus_crds::annotations::MANAGED_BY;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -20,7 +21,7 @@ use tracing::{info, warn};
 use crate::benchmark::{COMPONENT, COMPONENT_LABEL};
 use crate::context::Context;
 use crate::decoded::PlanObject;
-use crate::kubeapi::{pytorchjob_resource, report_resource};
+use crate::kubeapi::{job_resource, report_resource};
 use crate::{job, reconcile};
 
 /// How often the sweep compares the per-plan state with the plans that exist.
@@ -64,19 +65,34 @@ pub async fn build(
         .owns_with(reports, report_ar, watcher::Config::default());
     // Watch PyTorchJobs even when the CRD is missing at start: the watch backs off and
     // recovers once it is installed (plans say it is missing meanwhile).
-    match job::crd_present(ctx).await {
+    match job::crd_present(ctx, JobKind::PyTorchJob).await {
         Ok(true) => {}
         Ok(false) => {
             warn!("the PyTorchJob CRD (kubeflow.org/v1) is not installed; plans will say so")
         }
         Err(e) => warn!(error = %e, "could not discover the PyTorchJob CRD"),
     }
-    let job_ar = pytorchjob_resource();
-    let jobs: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &job_ar),
-        None => Api::all_with(client.clone(), &job_ar),
-    };
-    c = c.owns_with(jobs, job_ar, watcher::Config::default());
+    let mut kinds = vec![JobKind::PyTorchJob];
+    // TrainJobs (Kubeflow Trainer v2, optional) are watched when Trainer is installed at start;
+    // without it, plans that ask for one say so (and a later install is seen on their next
+    // pass, without the watch's prompt wake-ups until the operator restarts).
+    match job::crd_present(ctx, JobKind::TrainJob).await {
+        Ok(true) => kinds.push(JobKind::TrainJob),
+        Ok(false) => info!(
+            "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1 TrainJob) is not installed: TrainJobs are not watched"
+        ),
+        Err(e) => {
+            warn!(error = %e, "could not discover the TrainJob CRD: TrainJobs are not watched")
+        }
+    }
+    for kind in kinds {
+        let job_ar = job_resource(kind);
+        let jobs: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &job_ar),
+            None => Api::all_with(client.clone(), &job_ar),
+        };
+        c = c.owns_with(jobs, job_ar, watcher::Config::default());
+    }
     c
 }
 

@@ -1,5 +1,5 @@
 //! Small helpers over the Kubernetes API: every call with a timeout, owner references, label
-//! values, and the PyTorchJob resource for the dynamic API (watches, writes).
+//! values, and the job resources (PyTorchJob, TrainJob) for the dynamic API (watches, writes).
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::ApiResource;
-use primus_crds::TrainingPlan;
+use primus_crds::{JobKind, TrainingPlan};
 
 use crate::error::Error;
 
@@ -30,9 +30,13 @@ pub async fn call<T>(
     }
 }
 
-/// `pytorchjobs.kubeflow.org/v1` (the names of [`primus_crds::PyTorchJob`]).
-pub fn pytorchjob_resource() -> ApiResource {
-    ApiResource::erase::<primus_crds::PyTorchJob>(&())
+/// The resource of a job kind: `pytorchjobs.kubeflow.org/v1` ([`primus_crds::PyTorchJob`])
+/// or `trainjobs.trainer.kubeflow.org/v1alpha1` ([`primus_crds::TrainJob`]).
+pub fn job_resource(kind: JobKind) -> ApiResource {
+    match kind {
+        JobKind::PyTorchJob => ApiResource::erase::<primus_crds::PyTorchJob>(&()),
+        JobKind::TrainJob => ApiResource::erase::<primus_crds::TrainJob>(&()),
+    }
 }
 
 /// `trainingplans.primus.dev/v1alpha1`, for calls whose answer is not decoded.

@@ -66,6 +66,8 @@ pub enum Reason {
     LayoutDiffers,
     AutoSubmitDisabled,
     PyTorchJobCrdMissing,
+    /// `spec.job.kind: TrainJob` and Kubeflow Trainer v2's TrainJob CRD is not installed.
+    TrainJobCrdMissing,
     JobNameTaken,
     // DriftWithinTolerance.
     WithinTolerance,
@@ -121,6 +123,7 @@ impl Reason {
             Reason::LayoutDiffers => "LayoutDiffers",
             Reason::AutoSubmitDisabled => "AutoSubmitDisabled",
             Reason::PyTorchJobCrdMissing => "PyTorchJobCRDMissing",
+            Reason::TrainJobCrdMissing => "TrainJobCRDMissing",
             Reason::JobNameTaken => "JobNameTaken",
             Reason::WithinTolerance => "WithinTolerance",
             Reason::OutsideTolerance => "OutsideTolerance",
@@ -149,6 +152,7 @@ impl Reason {
             Reason::BenchmarkFailed
             | Reason::NoFeasibleLayout
             | Reason::PyTorchJobCrdMissing
+            | Reason::TrainJobCrdMissing
             | Reason::JobNameTaken
             | Reason::OutsideTolerance
             | Reason::QueryFailed
@@ -170,6 +174,7 @@ impl Reason {
     pub fn waiting_for(self) -> &'static str {
         match self {
             Reason::PyTorchJobCrdMissing
+            | Reason::TrainJobCrdMissing
             | Reason::JobNameTaken
             | Reason::BenchmarkPodRefused
             | Reason::JobRefused

@@ -294,9 +294,11 @@ impl<'a> Pass<'a> {
         };
         self.job = outcome.status();
         if let job::Outcome::Created { name, .. } = &outcome {
-            info!(plan = %key(&obj.metadata), job = %name, layout = %chosen.label, "PyTorchJob created");
+            info!(plan = %key(&obj.metadata), job = %name, kind = ?job::job_kind(obj), layout = %chosen.label, "job created");
         }
-        Ok(self.take(decide::job(&outcome, chosen)).await)
+        Ok(self
+            .take(decide::job(&outcome, chosen, job::job_kind(obj)))
+            .await)
     }
 
     /// Drift: measure (the plan's Prometheus query, else `status.measured`), compare, export.

@@ -10,16 +10,18 @@ use std::time::Instant;
 use kube::core::DynamicObject;
 use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use primus_crds::pytorchjob;
+use primus_crds::{JobKind, pytorchjob, trainjob};
 
 use crate::trainingplan;
-use crate::validate::{Reason, Validator, Verdict};
+use crate::validate::{JobRequest, Reason, Validator, Verdict};
 
 /// Which endpoint a review arrived at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     /// kubeflow.org/v1 PyTorchJob; `strict` denies jobs that cannot be derived.
     PyTorchJob { strict: bool },
+    /// trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer v2), likewise.
+    TrainJob { strict: bool },
     /// primus.dev/v1alpha1 TrainingPlan.
     TrainingPlan,
 }
@@ -29,6 +31,7 @@ impl Endpoint {
     pub fn kind(self) -> &'static str {
         match self {
             Endpoint::PyTorchJob { .. } => pytorchjob::KIND,
+            Endpoint::TrainJob { .. } => trainjob::KIND,
             Endpoint::TrainingPlan => "TrainingPlan",
         }
     }
@@ -36,6 +39,7 @@ impl Endpoint {
     fn group(self) -> &'static str {
         match self {
             Endpoint::PyTorchJob { .. } => pytorchjob::GROUP,
+            Endpoint::TrainJob { .. } => trainjob::GROUP,
             Endpoint::TrainingPlan => primus_crds::GROUP,
         }
     }
@@ -159,19 +163,21 @@ pub fn decide(
         };
         let empty = BTreeMap::new();
         match ep {
-            Endpoint::PyTorchJob { strict } => {
-                let old = match req.operation {
-                    Operation::Update => req.old_object.as_ref().map(|o| &o.data),
-                    _ => None,
+            Endpoint::PyTorchJob { strict } | Endpoint::TrainJob { strict } => {
+                let kind = match ep {
+                    Endpoint::TrainJob { .. } => JobKind::TrainJob,
+                    _ => JobKind::PyTorchJob,
                 };
-                v.pytorchjob(
-                    obj.metadata.labels.as_ref().unwrap_or(&empty),
-                    obj.metadata.annotations.as_ref().unwrap_or(&empty),
-                    &obj.data,
-                    old,
-                    strict,
-                    deadline,
-                )
+                let job = JobRequest {
+                    labels: obj.metadata.labels.as_ref().unwrap_or(&empty),
+                    annotations: obj.metadata.annotations.as_ref().unwrap_or(&empty),
+                    data: &obj.data,
+                    old: match req.operation {
+                        Operation::Update => req.old_object.as_ref().map(|o| &o.data),
+                        _ => None,
+                    },
+                };
+                v.job(kind, &job, strict, deadline)
             }
             Endpoint::TrainingPlan => {
                 let name = obj
@@ -204,7 +210,11 @@ pub fn decide(
 /// What to answer when the check itself failed (a panic, an overrun): allowed with a warning,
 /// denied in strict mode.
 pub fn internal_verdict(v: &Validator, ep: Endpoint, why: &str) -> Verdict {
-    let strict = v.settings.strict || matches!(ep, Endpoint::PyTorchJob { strict: true });
+    let strict = v.settings.strict
+        || matches!(
+            ep,
+            Endpoint::PyTorchJob { strict: true } | Endpoint::TrainJob { strict: true }
+        );
     if strict {
         Verdict::deny(
             Reason::Internal,

@@ -20,6 +20,7 @@ pub mod server;
 pub mod suggest;
 pub mod tls;
 pub mod trainingplan;
+pub mod trainjob;
 pub mod validate;
 
 pub use admission::{Endpoint, Reply, handle};

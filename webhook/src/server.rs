@@ -258,6 +258,11 @@ pub fn routes(
         .or(warp::path!("validate" / "pytorchjob" / "strict")
             .map(|| Endpoint::PyTorchJob { strict: true }))
         .unify()
+        .or(warp::path!("validate" / "trainjob").map(|| Endpoint::TrainJob { strict: false }))
+        .unify()
+        .or(warp::path!("validate" / "trainjob" / "strict")
+            .map(|| Endpoint::TrainJob { strict: true }))
+        .unify()
         .or(warp::path!("validate" / "trainingplan").map(|| Endpoint::TrainingPlan))
         .unify();
     let admit_route = started

@@ -14,6 +14,8 @@ use serde_json::Value;
 
 use crate::pytorchjob::{self, DeriveError, DerivedJob, LayoutSource};
 use crate::suggest;
+use crate::trainjob;
+use primus_crds::JobKind;
 
 /// Why the webhook decided what it did (a metrics label and a log field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,6 +157,17 @@ impl Default for Settings {
     }
 }
 
+/// What the admission request says about a job.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRequest<'a> {
+    pub labels: &'a BTreeMap<String, String>,
+    pub annotations: &'a BTreeMap<String, String>,
+    /// The object without metadata.
+    pub data: &'a Value,
+    /// The previous object on UPDATE.
+    pub old: Option<&'a Value>,
+}
+
 /// The decisions, with the catalog they are made against.
 #[derive(Debug, Clone)]
 pub struct Validator {
@@ -272,6 +285,23 @@ impl Validator {
         strict: bool,
         deadline: Instant,
     ) -> Verdict {
+        let job = JobRequest {
+            labels,
+            annotations,
+            data,
+            old,
+        };
+        self.job(JobKind::PyTorchJob, &job, strict, deadline)
+    }
+
+    /// Decide a CREATE or UPDATE of a job of either kind (PyTorchJob, TrainJob).
+    pub fn job(&self, kind: JobKind, req: &JobRequest, strict: bool, deadline: Instant) -> Verdict {
+        let JobRequest {
+            labels,
+            annotations,
+            data,
+            old,
+        } = *req;
         let strict = strict || self.settings.strict;
         if labels
             .get(annotations::SKIP_VALIDATION)
@@ -279,12 +309,25 @@ impl Validator {
         {
             return Verdict::allow(Reason::Skipped);
         }
-        if let Some(old) = old
-            && let Some(r) = unchanged_but_suspend(old, data)
-        {
-            return Verdict::allow(r);
+        if let Some(old) = old {
+            let unchanged = match kind {
+                JobKind::PyTorchJob => unchanged_but_suspend(old, data),
+                JobKind::TrainJob if old.get("spec") == data.get("spec") => {
+                    Some(Reason::MetadataOnly)
+                }
+                JobKind::TrainJob => {
+                    trainjob::unchanged_but_suspend(old, data).then_some(Reason::SuspendOnly)
+                }
+            };
+            if let Some(r) = unchanged {
+                return Verdict::allow(r);
+            }
         }
-        let job = match pytorchjob::derive(data, annotations, &self.catalog) {
+        let derived = match kind {
+            JobKind::PyTorchJob => pytorchjob::derive(data, annotations, &self.catalog),
+            JobKind::TrainJob => trainjob::derive(data, annotations, &self.catalog),
+        };
+        let job = match derived {
             Ok(job) => job,
             Err(DeriveError::Missing(lines)) => {
                 return self.cannot_check(strict, Reason::Underivable, lines);

@@ -42,6 +42,11 @@ fn setup(tb: &TestBed) -> Kubectl {
         "pytorchjobs.kubeflow.org",
         "crds/thirdparty/kubeflow.org_pytorchjobs.yaml",
     );
+    ensure_crd(
+        &k,
+        "trainjobs.trainer.kubeflow.org",
+        "crds/thirdparty/trainer.kubeflow.org_trainjobs.yaml",
+    );
     k
 }
 
@@ -116,6 +121,20 @@ fn configuration(name: &str, id: &str, port: u16, ca: Option<&[u8]>, failure: &s
                 "clientConfig": client("/validate/pytorchjob/strict"),
                 "rules": jobs,
                 "namespaceSelector": ns("In"),
+                "objectSelector": skip,
+            },
+            {
+                "name": "trainjobs.primus.dev",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": failure,
+                "timeoutSeconds": 5,
+                "clientConfig": client("/validate/trainjob"),
+                "rules": [{
+                    "apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["trainjobs"], "scope": "Namespaced",
+                }],
+                "namespaceSelector": ns("NotIn"),
                 "objectSelector": skip,
             },
             {
@@ -248,6 +267,48 @@ fn oom_job_is_refused_with_numbers_and_a_suggestion() {
     );
     assert!(err.contains("; fits with --"), "{err}");
     assert!(!exists(&k, &ns.name, "llama3-70b-oom"));
+}
+
+#[test]
+fn an_oom_trainjob_is_refused_and_the_same_trainer_that_fits_is_created() {
+    let Some(tb) = primus_tests::testbed!() else {
+        return;
+    };
+    let (_w, _reg, ns) = deployed(&tb, "Fail");
+    let k = tb.kubectl();
+    let oom = example("oom-trainjob");
+    let out = apply(&k, &ns.name, &oom, &[]);
+    assert!(!out.status.success(), "created: {}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("admission webhook \"trainjobs.primus.dev\" denied the request: predicted "),
+        "{err}"
+    );
+    assert!(err.contains(" GiB usable on MI300X (weights "), "{err}");
+    // TP 8, PP 4: fits; created, and the API server stores it.
+    let mut fits = oom.clone();
+    set_name(&mut fits, "llama3-70b-fits");
+    for a in fits["spec"]["trainer"]["args"].as_array_mut().unwrap() {
+        if a == "--tensor-model-parallel-size=1" {
+            *a = json!("--tensor-model-parallel-size=8");
+        } else if a == "--pipeline-model-parallel-size=1" {
+            *a = json!("--pipeline-model-parallel-size=4");
+        }
+    }
+    let out = apply(&k, &ns.name, &fits, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    k.ok(&["get", "trainjob", "llama3-70b-fits", "-n", &ns.name]);
+    // Suspending it (what Kueue does) is an update the webhook admits without a projection.
+    k.ok(&[
+        "patch",
+        "trainjob",
+        "llama3-70b-fits",
+        "-n",
+        &ns.name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"suspend":true}}"#,
+    ]);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use primus_oracle::layout::Layout;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::annotations;
+use crate::job_meta;
 
 /// Fields a struct here does not name, kept as they came.
 pub type Extra = BTreeMap<String, Value>;
@@ -253,50 +253,27 @@ impl PyTorchJob {
         self.spec.run_policy.as_ref().and_then(|r| r.suspend) == Some(true)
     }
 
-    /// The `spec.job.suspend` the operator last applied (its `primus.dev/suspend-applied`
-    /// annotation); None on a job written before the annotation or by someone else.
+    /// The `spec.job.suspend` the operator last applied ([`job_meta::applied_suspend`]).
     pub fn applied_suspend(&self) -> Option<bool> {
-        match self
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(annotations::SUSPEND_APPLIED)?
-            .as_str()
-        {
-            "true" => Some(true),
-            "false" => Some(false),
-            _ => None,
-        }
+        job_meta::applied_suspend(&self.metadata)
     }
 
     /// The queue the job is submitted to, if any: Kueue's queue-name label, Volcano's
     /// queue-name annotation, or `runPolicy.schedulingPolicy.queue`.
     pub fn queue(&self) -> Option<String> {
-        let m = &self.metadata;
-        let label = m
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(annotations::KUEUE_QUEUE));
-        let ann = m
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::VOLCANO_QUEUE));
         let policy = self
             .spec
             .run_policy
             .as_ref()
             .and_then(|r| r.scheduling_policy.as_ref())
-            .and_then(|p| p.queue.as_ref());
-        label.or(ann).or(policy).filter(|q| !q.is_empty()).cloned()
+            .and_then(|p| p.queue.clone())
+            .filter(|q| !q.is_empty());
+        job_meta::queue(&self.metadata).or(policy)
     }
 
     /// The layout the job says it runs (its `primus.dev/layout` annotation).
     pub fn annotated_layout(&self) -> Option<Layout> {
-        self.metadata
-            .annotations
-            .as_ref()?
-            .get(annotations::LAYOUT)
-            .and_then(|s| serde_json::from_str(s).ok())
+        job_meta::annotated_layout(&self.metadata)
     }
 }
 

@@ -130,7 +130,7 @@ pub fn pytorchjob(
 ) -> Result<PyTorchJob, FieldError> {
     let t = template::parse(template)?;
     let mut job = PyTorchJob {
-        metadata: metadata(t.metadata, plan_name, namespace, s, l, opts),
+        metadata: job_metadata(t.metadata, plan_name, namespace, s, l, opts),
         spec: t.spec,
         ..PyTorchJob::default()
     };
@@ -177,7 +177,7 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 
 /// The job's metadata: the template's, cleaned, with the name, the namespace and the
 /// annotations the webhook and the operator read back.
-fn metadata(
+pub(crate) fn job_metadata(
     mut meta: ObjectMeta,
     plan_name: &str,
     namespace: Option<&str>,
@@ -245,12 +245,34 @@ fn fill_pod_template(
             spec.containers.len() - 1
         }
     };
-    let container = &mut spec.containers[idx];
+    fill_container(
+        &mut spec.containers[idx],
+        s,
+        flags,
+        from_user,
+        nproc,
+        &format!("{at}.spec.containers[{idx}]"),
+        opts,
+    )
+}
+
+/// Fill the training container (a pod's `pytorch` container, a TrainJob's trainer): its image
+/// (the default one unless `from_user`; then it must have one: `at` names it), command and
+/// the layout's flags or overrides, GPU resources and environment.
+pub(crate) fn fill_container(
+    container: &mut Container,
+    s: &Scenario,
+    flags: &[String],
+    from_user: bool,
+    nproc: u32,
+    at: &str,
+    opts: &JobOptions,
+) -> Result<(), FieldError> {
     if container.image.is_none() {
         if from_user {
             return Err(FieldError::new(
-                format!("{at}.spec.containers[{idx}].image"),
-                "missing: the template's `pytorch` container needs an image",
+                format!("{at}.image"),
+                "missing: the template's training container needs an image",
             ));
         }
         container.image = Some(match opts.launcher {
@@ -270,7 +292,7 @@ fn fill_pod_template(
             write_args(container, &override_words(flags));
         }
     }
-    set_gpu_resources(container, &k.resource, nproc);
+    set_gpu_resources(container, &s.hardware.kubernetes.resource, nproc);
     let env = container.env.get_or_insert_default();
     if !env.iter().any(|e| e.name == MAX_CONNECTIONS_ENV) {
         env.push(EnvVar {
@@ -294,13 +316,17 @@ pub fn alloc_conf_env(vendor: Vendor) -> &'static str {
 /// says: every allocator variable of the template is rewritten (the option removed when off,
 /// others kept), and with it on the vendor's variable is added when absent.
 fn set_allocator_env(pod: &mut PodTemplateSpec, vendor: Vendor, on: bool) {
-    let Some(container) = pod
+    if let Some(container) = pod
         .spec
         .as_mut()
         .and_then(|spec| spec.containers.iter_mut().find(|c| c.name == CONTAINER))
-    else {
-        return;
-    };
+    {
+        set_container_allocator_env(container, vendor, on);
+    }
+}
+
+/// [`set_allocator_env`] on the training container itself.
+pub(crate) fn set_container_allocator_env(container: &mut Container, vendor: Vendor, on: bool) {
     let env = container.env.get_or_insert_default();
     for e in env.iter_mut() {
         if let Some(v) = e.value.as_mut()

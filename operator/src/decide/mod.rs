@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use primus_crds::{DriftStatus, LayoutSummary, Phase, TrainingPlanStatus};
+use primus_crds::{DriftStatus, JobKind, LayoutSummary, Phase, TrainingPlanStatus};
 use primus_oracle::FieldError;
 use primus_oracle::report::BenchmarkResults;
 use primus_oracle::units::GIB;
@@ -404,10 +404,20 @@ fn choice_conditions(c: &Choice) -> Verdicts {
 
 /// The job's state as the condition tells it.
 struct JobState<'a> {
+    kind: &'static str,
     started: bool,
     suspended: bool,
     plan_suspends: bool,
     queue: Option<&'a str>,
+}
+
+/// The field a job kind is suspended by.
+fn suspend_field(kind: &str) -> &'static str {
+    if kind == primus_crds::trainjob::KIND {
+        "spec.suspend"
+    } else {
+        "runPolicy.suspend"
+    }
 }
 
 /// Reason and message of `JobCreated` for a job with the chosen layout: the same words whether
@@ -418,13 +428,14 @@ fn job_condition(name: &str, label: &str, j: &JobState) -> (Reason, String) {
     if j.started {
         (
             Reason::Started,
-            format!("PyTorchJob {name} runs {label} (started)"),
+            format!("{} {name} runs {label} (started)", j.kind),
         )
     } else if j.suspended && j.plan_suspends {
         (
             Reason::Suspended,
             format!(
-                "PyTorchJob {name} with {label} is suspended: review it, then set spec.job.suspend to false"
+                "{} {name} with {label} is suspended: review it, then set spec.job.suspend to false",
+                j.kind
             ),
         )
     } else if j.suspended {
@@ -435,39 +446,59 @@ fn job_condition(name: &str, label: &str, j: &JobState) -> (Reason, String) {
         (
             Reason::Queued,
             format!(
-                "PyTorchJob {name} with {label} {by} (spec.job.suspend is false): it starts when admitted; the operator leaves runPolicy.suspend to its queue"
+                "{} {name} with {label} {by} (spec.job.suspend is false): it starts when admitted; the operator leaves {} to its queue",
+                j.kind,
+                suspend_field(j.kind)
             ),
         )
     } else {
         (
             Reason::Created,
-            format!("PyTorchJob {name} with {label} is created"),
+            format!("{} {name} with {label} is created", j.kind),
         )
     }
 }
 
 /// The job's outcome: `JobCreated`, and how the pass ends once drift is measured.
-pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
+pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary, kind: JobKind) -> Step<Halt> {
     use job::Outcome;
     let label = &chosen.label;
+    let names = primus_crds::job::names(kind);
+    let k = names.kind;
     let (state, reason, message) = match outcome {
         Outcome::NotSubmitted => (
             State::False,
             Reason::AutoSubmitDisabled,
-            "spec.job.autoSubmit is false: the chosen layout is reported only, no PyTorchJob is created".to_string(),
+            format!(
+                "spec.job.autoSubmit is false: the chosen layout is reported only, no {k} is created"
+            ),
         ),
         Outcome::CrdMissing => (
             State::False,
-            Reason::PyTorchJobCrdMissing,
-            "the PyTorchJob CRD (pytorchjobs.kubeflow.org, kubeflow.org/v1) is not installed: install the Kubeflow training operator (or crds/thirdparty/kubeflow.org_pytorchjobs.yaml); the job is created once it is there".to_string(),
+            match kind {
+                JobKind::PyTorchJob => Reason::PyTorchJobCrdMissing,
+                JobKind::TrainJob => Reason::TrainJobCrdMissing,
+            },
+            format!(
+                "the {k} CRD ({}.{}, {}) is not installed: {}; the job is created once it is there",
+                names.plural, names.group, names.api_version, names.install
+            ),
         ),
         Outcome::NameTaken { name } => (
             State::False,
             Reason::JobNameTaken,
-            format!("a PyTorchJob named {name} exists and is not owned by this plan: delete it or set spec.job.name"),
+            format!(
+                "a {k} named {name} exists and is not owned by this plan: delete it or set spec.job.name"
+            ),
         ),
-        Outcome::Created { name, suspended, plan_suspends, queue } => {
+        Outcome::Created {
+            name,
+            suspended,
+            plan_suspends,
+            queue,
+        } => {
             let j = JobState {
+                kind: k,
                 started: false,
                 suspended: *suspended,
                 plan_suspends: *plan_suspends,
@@ -476,8 +507,15 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
             let (reason, m) = job_condition(name, label, &j);
             (State::True, reason, m)
         }
-        Outcome::UpToDate { name, started, suspended, plan_suspends, queue } => {
+        Outcome::UpToDate {
+            name,
+            started,
+            suspended,
+            plan_suspends,
+            queue,
+        } => {
             let j = JobState {
+                kind: k,
                 started: *started,
                 suspended: *suspended,
                 plan_suspends: *plan_suspends,
@@ -489,12 +527,18 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
         Outcome::Replacing { name, old } => (
             State::False,
             Reason::Replacing,
-            format!("PyTorchJob {name} ({old}) had not started and the plan now chooses {label}: replacing it"),
+            format!(
+                "{k} {name} ({old}) had not started and the plan now chooses {label}: replacing it"
+            ),
         ),
-        Outcome::Differs { name, job_layout, .. } => (
+        Outcome::Differs {
+            name, job_layout, ..
+        } => (
             State::True,
             Reason::LayoutDiffers,
-            format!("PyTorchJob {name} has started with {job_layout}; the plan now chooses {label}. The running job is left untouched: delete it to apply the new layout"),
+            format!(
+                "{k} {name} has started with {job_layout}; the plan now chooses {label}. The running job is left untouched: delete it to apply the new layout"
+            ),
         ),
     };
     let end = match outcome {
@@ -504,7 +548,7 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
             Phase::Pending,
             Reason::Reconciling,
             Reason::ReplacingJob,
-            "replacing the PyTorchJob",
+            &format!("replacing the {k}"),
             Requeue::After(REPLACE_RECHECK),
         ),
         _ => Halt::ready(chosen),
@@ -513,7 +557,7 @@ pub fn job(outcome: &job::Outcome, chosen: &LayoutSummary) -> Step<Halt> {
         Outcome::Created { name, .. } => Some(Notice {
             reason: Reason::JobCreated,
             action: "CreateJob".into(),
-            note: format!("created PyTorchJob {name} with {label}"),
+            note: format!("created {k} {name} with {label}"),
         }),
         Outcome::Replacing { old, .. } if !old.is_empty() => Some(Notice {
             reason: Reason::JobReplaced,

@@ -6,7 +6,8 @@ use crate::job::{self, Action as JobAction};
 use crate::reason::Severity;
 use crate::testing::plan_with;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use primus_crds::{PyTorchJob, SearchSummary, TrainingPlan};
+use primus_crds::job::Job;
+use primus_crds::{SearchSummary, TrainingPlan};
 use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 use serde_json::json;
@@ -229,7 +230,11 @@ fn job_step(
     let d = job::decide(obj, seen, desired, layout);
     (
         d.action,
-        job(&d.outcome, &summary(&layout.label(), layout.clone())),
+        job(
+            &d.outcome,
+            &summary(&layout.label(), layout.clone()),
+            job::job_kind(obj),
+        ),
     )
 }
 
@@ -240,10 +245,11 @@ fn existing(
     layout: &Layout,
     status: serde_json::Value,
 ) -> job::Observed {
-    let mut j: PyTorchJob = job::desired(&plan.0, &plan.1, layout, 1.0).unwrap();
-    j.metadata.uid = Some("job-uid".into());
-    j.metadata.resource_version = Some("7".into());
-    j.metadata.owner_references = Some(vec![OwnerReference {
+    let mut j: Job = job::desired(&plan.0, &plan.1, layout, 1.0).unwrap();
+    let m = j.metadata_mut();
+    m.uid = Some("job-uid".into());
+    m.resource_version = Some("7".into());
+    m.owner_references = Some(vec![OwnerReference {
         api_version: "primus.dev/v1alpha1".into(),
         kind: "TrainingPlan".into(),
         name: "p".into(),
@@ -251,7 +257,10 @@ fn existing(
         controller: Some(true),
         ..OwnerReference::default()
     }]);
-    j.status = serde_json::from_value(status).unwrap();
+    match &mut j {
+        Job::PyTorch(j) => j.status = serde_json::from_value(status).unwrap(),
+        Job::Train(j) => j.status = serde_json::from_value(status).unwrap(),
+    }
     job::Observed {
         crd_present: true,
         existing: Some(j),
@@ -286,7 +295,7 @@ fn job_created_when_there_is_none() {
     let Some(JobAction::Create(j)) = action else {
         panic!("{action:?}")
     };
-    assert_eq!(j.metadata.name.as_deref(), Some("p"));
+    assert_eq!(j.metadata().name.as_deref(), Some("p"));
     assert!(j.suspended());
     let (state, reason, m) = cond(&s.conditions, JOB_CREATED);
     assert_eq!((state, reason), (State::True, Reason::Suspended));
@@ -379,7 +388,7 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     assert_eq!(job.applied_suspend(), Some(false));
     assert_eq!(job.queue().as_deref(), Some("team-a"));
     // Kueue suspends it until the queue admits it: no action, the status says Queued.
-    job.spec.run_policy.get_or_insert_default().suspend = Some(true);
+    job.set_suspended(true);
     let (action, s) = job_step(&plan, &seen, &tp(2));
     assert_eq!(action, None);
     let (state, reason, m) = cond(&s.conditions, JOB_CREATED);
@@ -387,7 +396,7 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     assert!(m.contains("waits in queue team-a"), "{m}");
     // Kueue resumes it: still nothing to do.
     let job = seen.existing.as_mut().unwrap();
-    job.spec.run_policy.get_or_insert_default().suspend = Some(false);
+    job.set_suspended(false);
     let (action, s) = job_step(&plan, &seen, &tp(2));
     assert_eq!(action, None);
     assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
@@ -397,7 +406,7 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     let mut seen = existing(&plan, "uid-1", &tp(2), json!({}));
     let job = seen.existing.as_mut().unwrap();
     assert!(job.suspended());
-    job.spec.run_policy.get_or_insert_default().suspend = Some(false);
+    job.set_suspended(false);
     let (action, s) = job_step(&plan, &seen, &tp(2));
     assert_eq!(action, None);
     assert_eq!(cond(&s.conditions, JOB_CREATED).1, Reason::Created);
@@ -405,7 +414,7 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     let plan = plan_with(json!({}));
     let mut seen = existing(&plan, "uid-1", &tp(2), json!({}));
     let job = seen.existing.as_mut().unwrap();
-    job.spec.run_policy.get_or_insert_default().suspend = Some(true);
+    job.set_suspended(true);
     let (_, s) = job_step(&plan, &seen, &tp(2));
     let (_, reason, m) = cond(&s.conditions, JOB_CREATED);
     assert_eq!(reason, Reason::Queued);

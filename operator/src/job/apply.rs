@@ -6,12 +6,13 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
     PropagationPolicy,
 };
+use primus_crds::job::{self, Job};
 use primus_crds::{TrainingPlan, annotations};
 
-use super::{Action, Decision, Outcome, crd_present, job_name};
+use super::{Action, Decision, Outcome, crd_present, job_kind, job_name};
 use crate::context::Context;
 use crate::error::{Error, is_conflict, is_not_found};
-use crate::kubeapi::{call, owner_reference, pytorchjob_resource};
+use crate::kubeapi::{call, job_resource, owner_reference};
 
 /// Apply the decision's action and return the outcome (a create that finds the resource gone
 /// reports the CRD missing).
@@ -22,13 +23,14 @@ pub async fn apply(
 ) -> Result<Outcome, Error> {
     let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
     let name = job_name(plan_obj);
+    let kind = job_kind(plan_obj);
     let api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &ns, &pytorchjob_resource());
-    let what = format!("pytorchjob {ns}/{name}");
+        Api::namespaced_with(ctx.client.clone(), &ns, &job_resource(kind));
+    let what = format!("{} {ns}/{name}", job::names(kind).kind);
     match decision.action {
         None => {}
         Some(Action::Create(mut job)) => {
-            job.metadata.owner_references = Some(vec![owner_reference(plan_obj)?]);
+            job.metadata_mut().owner_references = Some(vec![owner_reference(plan_obj)?]);
             let job: DynamicObject = serde_json::to_value(&job)
                 .and_then(serde_json::from_value)
                 .map_err(|source| Error::Serde {
@@ -45,8 +47,8 @@ pub async fn apply(
                 // while the API server rebuilds its storage after a CRD update. Ask discovery
                 // afresh. (A conflict, someone creating it meanwhile, is retried: look again.)
                 Err(Error::Kube { source, what }) if is_not_found(&source) => {
-                    ctx.forget_job_crd();
-                    if !crd_present(ctx).await? {
+                    ctx.forget_job_crd(kind);
+                    if !crd_present(ctx, kind).await? {
                         return Ok(Outcome::CrdMissing);
                     }
                     return Err(Error::Kube { source, what });
@@ -58,7 +60,7 @@ pub async fn apply(
             let mut patch = serde_json::json!({"metadata": {"annotations": {
                 annotations::SUSPEND_APPLIED: applied.to_string()}}});
             if let Some(s) = suspend {
-                patch["spec"] = serde_json::json!({"runPolicy": {"suspend": s}});
+                patch["spec"] = Job::suspend_patch(kind, s)["spec"].take();
             }
             let pp = PatchParams {
                 field_manager: Some(crate::CONTROLLER.into()),

@@ -2,12 +2,14 @@
 //! pass a change of `spec.job.suspend` on, replace it (not started, another layout), or report
 //! why not.
 //!
-//! `runPolicy.suspend` is the job's, not the plan's: the operator writes it when it creates the
+//! The job's suspend field (a PyTorchJob's `runPolicy.suspend`, a TrainJob's `spec.suspend`) is
+//! the job's, not the plan's: the operator writes it when it creates the
 //! job and afterwards only when `spec.job.suspend` differs from the value it applied last (the
 //! job's `primus.dev/suspend-applied` annotation). A queue controller that suspends the job
 //! until its queue admits it, then resumes it, is left alone either way.
 
-use primus_crds::{PyTorchJob, TrainingPlan};
+use primus_crds::TrainingPlan;
+use primus_crds::job::Job;
 use primus_oracle::layout::Layout;
 
 use super::{Observed, Outcome, job_name};
@@ -25,8 +27,8 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Create this job (the plan becomes its controller owner).
-    Create(Box<PyTorchJob>),
-    /// `spec.job.suspend` changed (the review flow): set `spec.runPolicy.suspend` to `suspend`
+    Create(Box<Job>),
+    /// `spec.job.suspend` changed (the review flow): set the job's suspend field to `suspend`
     /// when given (never to suspend a job that runs) and record `applied` as the value applied.
     Suspend {
         suspend: Option<bool>,
@@ -40,12 +42,7 @@ pub enum Action {
 }
 
 /// Decide one step of the plan's job: `desired` is the job of the chosen `layout`.
-pub fn decide(
-    plan_obj: &TrainingPlan,
-    seen: &Observed,
-    desired: PyTorchJob,
-    layout: &Layout,
-) -> Decision {
+pub fn decide(plan_obj: &TrainingPlan, seen: &Observed, desired: Job, layout: &Layout) -> Decision {
     let spec = plan_obj.spec.job.clone().unwrap_or_default();
     let name = job_name(plan_obj);
     let want_suspended = spec.suspend == Some(true);
@@ -71,10 +68,10 @@ pub fn decide(
         };
     };
     let uid = plan_obj.metadata.uid.clone().unwrap_or_default();
-    if !controlled_by(existing.metadata.owner_references.as_ref(), &uid) {
+    if !controlled_by(existing.metadata().owner_references.as_ref(), &uid) {
         return only(Outcome::NameTaken { name });
     }
-    if existing.metadata.deletion_timestamp.is_some() {
+    if existing.metadata().deletion_timestamp.is_some() {
         return only(Outcome::Replacing {
             name,
             old: String::new(),
@@ -116,14 +113,14 @@ pub fn decide(
     Decision {
         outcome: Outcome::Replacing { name, old },
         action: Some(Action::Delete {
-            uid: existing.metadata.uid.clone(),
-            resource_version: existing.metadata.resource_version.clone(),
+            uid: existing.metadata().uid.clone(),
+            resource_version: existing.metadata().resource_version.clone(),
         }),
     }
 }
 
 /// What a change of `spec.job.suspend` asks of an existing job: nothing while it equals the
-/// value applied last, whatever the job's own `runPolicy.suspend` is now (another manager may
+/// value applied last, whatever the job's own suspend field is now (another manager may
 /// have set it). A job without the record (written before it) is adopted as it is: the record
 /// is written and its suspend left. A job that runs is never suspended.
 fn suspend_change(applied: Option<bool>, want: bool, started: bool) -> Option<Action> {

@@ -1,5 +1,6 @@
-//! The PyTorchJob: built by the crds writer ([`primus_crds::pytorchjob::pytorchjob`], the same
-//! object `primus tune --emit pytorchjob` prints), owned by the plan, and created once. A job
+//! The plan's job, a PyTorchJob or (`spec.job.kind: TrainJob`) a Kubeflow Trainer v2 TrainJob:
+//! built by the crds writer ([`primus_crds::job::write`], the same object `primus tune --emit`
+//! prints), owned by the plan, and created once. A job
 //! that has not started is replaced when the chosen layout changes; a started job is never
 //! touched (the status says the plan and the job differ). `spec.job.suspend` creates it
 //! suspended and flips `runPolicy.suspend` of an existing job only when the field itself
@@ -8,14 +9,15 @@
 //! resumes the job is never reverted. Queue and scheduling fields of `spec.job.template`
 //! (Kueue's queue-name label, Volcano's annotations, `runPolicy.schedulingPolicy`, pods'
 //! `priorityClassName` and `schedulerName`) pass to the job as they are. `autoSubmit: false`
-//! creates nothing. A cluster without the PyTorchJob CRD is
+//! creates nothing. A cluster without the kind's CRD is
 //! detected through discovery and reported in a condition.
 //!
 //! One step is [`observe`] (discovery, the existing job) -> [`decide`] (pure: the outcome and
 //! at most one change) -> [`apply`].
 
-use primus_crds::pytorchjob::{JobOptions, pytorchjob};
-use primus_crds::{JobKind, JobStatus, PyTorchJob, TrainingPlan, annotations};
+use primus_crds::job::{self, Job};
+use primus_crds::pytorchjob::JobOptions;
+use primus_crds::{JobKind, JobStatus, TrainingPlan, annotations};
 use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 
@@ -109,40 +111,47 @@ pub fn job_name(plan_obj: &TrainingPlan) -> String {
         .unwrap_or_else(|| plan_obj.metadata.name.clone().unwrap_or_default())
 }
 
-/// The PyTorchJob of the chosen layout (pure; unit-tested).
+/// The kind of the plan's job (`spec.job.kind`, default PyTorchJob).
+pub fn job_kind(plan_obj: &TrainingPlan) -> JobKind {
+    plan_obj
+        .spec
+        .job
+        .as_ref()
+        .and_then(|j| j.kind)
+        .unwrap_or_default()
+}
+
+/// The job of the chosen layout (pure; unit-tested).
 pub fn desired(
     plan_obj: &TrainingPlan,
     plan: &Plan,
     layout: &Layout,
     projected_tokens_per_second: f64,
-) -> Result<PyTorchJob, primus_oracle::FieldError> {
-    let job = plan_obj.spec.job.clone().unwrap_or_default();
-    if job.kind == Some(JobKind::TrainJob) {
-        return Err(primus_oracle::FieldError::new(
-            "spec.job.kind",
-            "TrainJob is not written by this operator version yet: use PyTorchJob (the default)",
-        ));
-    }
+) -> Result<Job, primus_oracle::FieldError> {
+    let spec = plan_obj.spec.job.clone().unwrap_or_default();
     let opts = JobOptions {
         name: Some(job_name(plan_obj)),
-        suspend: job.suspend == Some(true),
+        suspend: spec.suspend == Some(true),
         projected_tokens_per_second: Some(projected_tokens_per_second),
         inline_model_card: plan_obj.spec.model.preset.is_none(),
-        launcher: job.launcher.unwrap_or_default(),
-        experiment: job.experiment.clone(),
+        launcher: spec.launcher.unwrap_or_default(),
+        experiment: spec.experiment.clone(),
     };
-    let mut out = pytorchjob(
+    let mut out = job::write(
         plan_obj.metadata.name.as_deref().unwrap_or_default(),
         plan_obj.metadata.namespace.as_deref(),
         &plan.scenario,
         layout,
-        job.template.as_ref(),
+        &spec,
         &opts,
     )?;
-    out.metadata.annotations.get_or_insert_default().insert(
-        annotations::SUSPEND_APPLIED.to_string(),
-        opts.suspend.to_string(),
-    );
+    out.metadata_mut()
+        .annotations
+        .get_or_insert_default()
+        .insert(
+            annotations::SUSPEND_APPLIED.to_string(),
+            opts.suspend.to_string(),
+        );
     Ok(out)
 }
 

@@ -1,22 +1,23 @@
-//! What the cluster holds for a plan's job: whether the PyTorchJob CRD is served, and the job
-//! of the plan's job name.
+//! What the cluster holds for a plan's job: whether the CRD of its kind (PyTorchJob, TrainJob)
+//! is served, and the job of the plan's job name.
 
 use kube::api::{Api, DynamicObject};
-use primus_crds::{PyTorchJob, TrainingPlan, pytorchjob};
+use primus_crds::job::{self, Job};
+use primus_crds::{JobKind, PyTorchJob, TrainJob, TrainingPlan};
 use serde_json::Value;
 
-use super::job_name;
+use super::{job_kind, job_name};
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
-use crate::kubeapi::{CALL_TIMEOUT, call, pytorchjob_resource};
+use crate::kubeapi::{CALL_TIMEOUT, call, job_resource};
 
 /// A plan's job as the API server has it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observed {
-    /// Whether pytorchjobs.kubeflow.org/v1 is served.
+    /// Whether the job kind's resource is served.
     pub crd_present: bool,
     /// The job named as the plan's job, whoever owns it.
-    pub existing: Option<PyTorchJob>,
+    pub existing: Option<Job>,
 }
 
 /// Read the plan's job: nothing when `spec.job.autoSubmit` is false (the decision does not
@@ -26,51 +27,72 @@ pub async fn observe(ctx: &Context, plan_obj: &TrainingPlan) -> Result<Observed,
     if auto_submit == Some(false) {
         return Ok(Observed::default());
     }
-    if !crd_present(ctx).await? {
+    let kind = job_kind(plan_obj);
+    if !crd_present(ctx, kind).await? {
         return Ok(Observed::default());
     }
     let ns = plan_obj.metadata.namespace.clone().unwrap_or_default();
     let name = job_name(plan_obj);
     let api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &ns, &pytorchjob_resource());
+        Api::namespaced_with(ctx.client.clone(), &ns, &job_resource(kind));
     // (A 404 of the resource itself reads as "no such job" here; the create tells.)
-    let existing = call(format!("get pytorchjob {ns}/{name}"), api.get_opt(&name)).await?;
+    let what = format!("get {} {ns}/{name}", job::names(kind).plural);
+    let existing = call(what, api.get_opt(&name)).await?;
     Ok(Observed {
         crd_present: true,
-        existing: existing.map(typed),
+        existing: existing.map(|o| typed(o, kind)),
     })
 }
 
-/// The typed job. The vendored CRD keeps pod templates unvalidated, so a job someone else
-/// wrote may hold one the types cannot read: it is then judged by its metadata, status and
-/// run policy alone (all the decision looks at).
-pub fn typed(obj: DynamicObject) -> PyTorchJob {
+/// The typed job. A job someone else wrote may hold fields the types cannot read (a
+/// PyTorchJob's pod templates are unvalidated in the vendored CRD): it is then judged by its
+/// metadata, status and suspend field alone (all the decision looks at).
+pub fn typed(obj: DynamicObject, kind: JobKind) -> Job {
     let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
-    if let Ok(job) = serde_json::from_value(value) {
-        return job;
+    let status = &obj.data["status"];
+    match kind {
+        JobKind::PyTorchJob => {
+            if let Ok(job) = serde_json::from_value(value) {
+                return Job::PyTorch(Box::new(job));
+            }
+            let mut job = PyTorchJob {
+                status: serde_json::from_value(status.clone()).ok(),
+                metadata: obj.metadata,
+                ..PyTorchJob::default()
+            };
+            job.spec.run_policy =
+                serde_json::from_value(obj.data["spec"]["runPolicy"].clone()).ok();
+            Job::PyTorch(Box::new(job))
+        }
+        JobKind::TrainJob => {
+            if let Ok(job) = serde_json::from_value(value) {
+                return Job::Train(Box::new(job));
+            }
+            let mut job = TrainJob {
+                status: serde_json::from_value(status.clone()).ok(),
+                metadata: obj.metadata,
+                ..TrainJob::default()
+            };
+            job.spec.suspend = obj.data["spec"]["suspend"].as_bool();
+            Job::Train(Box::new(job))
+        }
     }
-    let mut job = PyTorchJob {
-        status: serde_json::from_value(obj.data["status"].clone()).ok(),
-        metadata: obj.metadata,
-        ..PyTorchJob::default()
-    };
-    job.spec.run_policy = serde_json::from_value(obj.data["spec"]["runPolicy"].clone()).ok();
-    job
 }
 
-/// Whether the PyTorchJob CRD is served (discovery of `kubeflow.org/v1`), cached briefly.
-pub async fn crd_present(ctx: &Context) -> Result<bool, Error> {
-    if let Some(p) = ctx.job_crd_cached() {
+/// Whether the job kind's CRD is served (discovery of its group/version), cached briefly.
+pub async fn crd_present(ctx: &Context, kind: JobKind) -> Result<bool, Error> {
+    if let Some(p) = ctx.job_crd_cached(kind) {
         return Ok(p);
     }
-    let what = format!("discover {}", pytorchjob::API_VERSION);
+    let names = job::names(kind);
+    let what = format!("discover {}", names.api_version);
     let present = match tokio::time::timeout(
         CALL_TIMEOUT,
-        ctx.client.list_api_group_resources(pytorchjob::API_VERSION),
+        ctx.client.list_api_group_resources(names.api_version),
     )
     .await
     {
-        Ok(Ok(list)) => list.resources.iter().any(|r| r.name == pytorchjob::PLURAL),
+        Ok(Ok(list)) => list.resources.iter().any(|r| r.name == names.plural),
         Ok(Err(e)) if is_not_found(&e) => false,
         Ok(Err(e)) => return Err(Error::kube(what, e)),
         Err(_) => {
@@ -80,6 +102,6 @@ pub async fn crd_present(ctx: &Context) -> Result<bool, Error> {
             });
         }
     };
-    ctx.set_job_crd(present);
+    ctx.set_job_crd(kind, present);
     Ok(present)
 }

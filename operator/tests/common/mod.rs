@@ -62,16 +62,30 @@ pub fn jobs_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
 /// Make sure the PyTorchJob CRD is installed (the test bed applies crds/thirdparty/ at start;
 /// applying it again is a no-op).
 pub fn ensure_pytorchjob_crd(tb: &TestBed) {
+    ensure_crd(
+        tb,
+        "pytorchjobs.kubeflow.org",
+        "crds/thirdparty/kubeflow.org_pytorchjobs.yaml",
+    );
+}
+
+/// Make sure Kubeflow Trainer v2's TrainJob CRD is installed.
+pub fn ensure_trainjob_crd(tb: &TestBed) {
+    ensure_crd(
+        tb,
+        "trainjobs.trainer.kubeflow.org",
+        "crds/thirdparty/trainer.kubeflow.org_trainjobs.yaml",
+    );
+}
+
+fn ensure_crd(tb: &TestBed, name: &str, file: &str) {
     let k = tb.kubectl();
     // Only when it is missing: an update makes the API server rebuild the resource's storage,
     // and requests in flight meanwhile may see 404s.
-    if k.run(&["get", "crd", "pytorchjobs.kubeflow.org"])
-        .status
-        .success()
-    {
+    if k.run(&["get", "crd", name]).status.success() {
         return;
     }
-    let file = repo_root().join("crds/thirdparty/kubeflow.org_pytorchjobs.yaml");
+    let file = repo_root().join(file);
     k.ok(&[
         "apply",
         "--server-side",
@@ -84,7 +98,7 @@ pub fn ensure_pytorchjob_crd(tb: &TestBed) {
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
-        "crd/pytorchjobs.kubeflow.org",
+        &format!("crd/{name}"),
     ]);
 }
 

@@ -8,7 +8,8 @@
 //!
 //! - bindings: `let NAME: Api<Type> = ...;` and struct fields `NAME: Api<Type>,` (used as
 //!   `self.NAME`); `Api<DynamicObject>` gets its resource from the statement
-//!   (`pytorchjob_resource()`, `plan_resource()`, `report_resource()`, or a variable bound to one);
+//!   (`job_resource(kind)`: PyTorchJobs and TrainJobs, `plan_resource()`, `report_resource()`,
+//!   or a variable bound to one);
 //! - calls on a binding: `get`/`get_opt` -> get, `list` -> list, `watch` -> watch, `create`,
 //!   `delete`, `replace` -> update, `patch` -> patch (plus create for a server-side apply that
 //!   may create the object, i.e. unless the same binding read it with `get` first, which fails
@@ -51,12 +52,16 @@ fn resource_of_type(t: &str) -> Option<(&'static str, &'static str)> {
     })
 }
 
-/// (group, resource) of the `ApiResource` a function returns.
-fn resource_of_fn(f: &str) -> Option<(&'static str, &'static str)> {
+/// The (group, resource) pairs of the `ApiResource` a function returns (`job_resource(kind)`
+/// returns either job kind's).
+fn resource_of_fn(f: &str) -> Option<&'static [(&'static str, &'static str)]> {
     Some(match f {
-        "pytorchjob_resource" => ("kubeflow.org", "pytorchjobs"),
-        "plan_resource" => ("primus.dev", "trainingplans"),
-        "report_resource" => ("primus.dev", "benchmarkreports"),
+        "job_resource" => &[
+            ("kubeflow.org", "pytorchjobs"),
+            ("trainer.kubeflow.org", "trainjobs"),
+        ],
+        "plan_resource" => &[("primus.dev", "trainingplans")],
+        "report_resource" => &[("primus.dev", "benchmarkreports")],
         _ => return None,
     })
 }
@@ -145,8 +150,8 @@ struct Binding {
     name: String,
     field: bool,
     pos: usize,
-    group: &'static str,
-    resource: &'static str,
+    /// (group, resource) pairs the binding may address.
+    resources: &'static [(&'static str, &'static str)],
 }
 
 /// What one file does: permissions, and the helper functions it calls.
@@ -162,8 +167,9 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
     let src = clean(raw);
     let err = |pos: usize, what: String| format!("{path}:{}: {what}", line_of(&src, pos));
 
-    // Variables bound to an ApiResource: `let ar = pytorchjob_resource();`.
-    let mut resource_vars: BTreeMap<String, (&'static str, &'static str)> = BTreeMap::new();
+    // Variables bound to an ApiResource: `let ar = job_resource(kind);`.
+    let mut resource_vars: BTreeMap<String, &'static [(&'static str, &'static str)]> =
+        BTreeMap::new();
     for (pos, _) in src.match_indices("let ") {
         if let Some(name) = ident_at(&src, pos + 4) {
             let stmt = &src[pos..src[pos..].find(';').map_or(src.len(), |e| pos + e)];
@@ -196,10 +202,10 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
         let stmt_end = src[pos..]
             .find(if field { ',' } else { ';' })
             .map_or(src.len(), |e| pos + e);
-        let (group, resource) = if t == "DynamicObject" {
+        let resources = if t == "DynamicObject" {
             let stmt = &src[pos..stmt_end];
             let by_fn = stmt
-                .match_indices("_resource()")
+                .match_indices("_resource(")
                 .find_map(|(i, _)| ident_before(stmt, i + "_resource".len()))
                 .and_then(|(_, f)| resource_of_fn(f));
             let by_var = || {
@@ -221,7 +227,7 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             }
         } else {
             match resource_of_type(t) {
-                Some(r) => r,
+                Some(r) => std::slice::from_ref(Box::leak(Box::new(r))),
                 None => {
                     return Err(err(
                         pos,
@@ -237,8 +243,7 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             name: name.to_string(),
             field,
             pos,
-            group,
-            resource,
+            resources,
         });
     }
     // Every other mention of `Api<`/`Api::` must be a constructor inside a binding's statement
@@ -290,38 +295,39 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             continue;
         };
         let args = call_args(&src, after);
-        let (g, r) = (b.group, b.resource);
-        let verbs: Vec<(String, &str)> = match method {
-            "get" | "get_opt" | "get_metadata" | "get_metadata_opt" => vec![(r.into(), "get")],
-            "list" | "list_metadata" => vec![(r.into(), "list")],
-            "watch" | "watch_metadata" => vec![(r.into(), "watch")],
-            "create" => vec![(r.into(), "create")],
-            "delete" => vec![(r.into(), "delete")],
-            "delete_collection" => vec![(r.into(), "deletecollection")],
-            "replace" => vec![(r.into(), "update")],
-            "patch" | "patch_metadata" => {
-                let read_first = src[b.pos..dot].contains(&format!("{recv}.get("));
-                if args.contains("Patch::Apply") && !read_first {
-                    vec![(r.into(), "patch"), (r.into(), "create")]
-                } else {
-                    vec![(r.into(), "patch")]
+        for &(g, r) in b.resources {
+            let verbs: Vec<(String, &str)> = match method {
+                "get" | "get_opt" | "get_metadata" | "get_metadata_opt" => vec![(r.into(), "get")],
+                "list" | "list_metadata" => vec![(r.into(), "list")],
+                "watch" | "watch_metadata" => vec![(r.into(), "watch")],
+                "create" => vec![(r.into(), "create")],
+                "delete" => vec![(r.into(), "delete")],
+                "delete_collection" => vec![(r.into(), "deletecollection")],
+                "replace" => vec![(r.into(), "update")],
+                "patch" | "patch_metadata" => {
+                    let read_first = src[b.pos..dot].contains(&format!("{recv}.get("));
+                    if args.contains("Patch::Apply") && !read_first {
+                        vec![(r.into(), "patch"), (r.into(), "create")]
+                    } else {
+                        vec![(r.into(), "patch")]
+                    }
                 }
+                "patch_status" => vec![(format!("{r}/status"), "patch")],
+                "replace_status" => vec![(format!("{r}/status"), "update")],
+                "get_status" => vec![(format!("{r}/status"), "get")],
+                "clone" | "resource_url" | "namespace" => vec![],
+                other => {
+                    return Err(err(
+                        dot,
+                        format!(
+                            "`{recv}.{other}(..)` on an Api: no verb known; add it to rbac_scan.rs"
+                        ),
+                    ));
+                }
+            };
+            for (res, verb) in verbs {
+                found.push((dot, perm(g, &res, verb)));
             }
-            "patch_status" => vec![(format!("{r}/status"), "patch")],
-            "replace_status" => vec![(format!("{r}/status"), "update")],
-            "get_status" => vec![(format!("{r}/status"), "get")],
-            "clone" | "resource_url" | "namespace" => vec![],
-            other => {
-                return Err(err(
-                    dot,
-                    format!(
-                        "`{recv}.{other}(..)` on an Api: no verb known; add it to rbac_scan.rs"
-                    ),
-                ));
-            }
-        };
-        for (res, verb) in verbs {
-            found.push((dot, perm(g, &res, verb)));
         }
     }
     // Watches.
@@ -338,8 +344,10 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             };
             let b = binding_at(name, false, pos)
                 .ok_or_else(|| err(pos, format!("`{pat}{name}`: `{name}` is no Api binding")))?;
-            found.push((pos, perm(b.group, b.resource, "list")));
-            found.push((pos, perm(b.group, b.resource, "watch")));
+            for &(g, r) in b.resources {
+                found.push((pos, perm(g, r, "list")));
+                found.push((pos, perm(g, r, "watch")));
+            }
         }
     }
     // Events.
@@ -452,7 +460,7 @@ impl Elector {
     async fn step(&self) { self.api.get_opt("x").await; self.api.replace("x", &pp, &l).await; }
 }
 async fn job(plan: &TrainingPlan) {
-    let ar = pytorchjob_resource();
+    let ar = job_resource(kind);
     let jobs: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, &ar);
     jobs
         .patch(&n, &PatchParams::default(), &Patch::Merge(&p))
@@ -479,6 +487,7 @@ fn controller(pods: Api<Pod>) {
         ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "update"),
         ("kubeflow.org", "pytorchjobs", "patch"),
+        ("trainer.kubeflow.org", "trainjobs", "patch"),
         ("primus.dev", "trainingplans/finalizers", "update"),
         ("primus.dev", "benchmarkreports", "patch"),
         ("primus.dev", "benchmarkreports", "create"),

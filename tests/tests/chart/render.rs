@@ -103,6 +103,8 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
         [
             "pytorchjobs.primus.dev",
             "pytorchjobs-strict.primus.dev",
+            "trainjobs.primus.dev",
+            "trainjobs-strict.primus.dev",
             "trainingplans.primus.dev"
         ]
     );
@@ -166,6 +168,30 @@ fn default_rendering_has_every_piece_and_is_deterministic() {
             "In".into(),
             serde_json::json!(["strict"])
         )
+    );
+    assert_eq!(
+        strictness(2),
+        (
+            "/validate/trainjob".into(),
+            "NotIn".into(),
+            serde_json::json!(["strict", "disabled"])
+        )
+    );
+    assert_eq!(
+        strictness(3),
+        (
+            "/validate/trainjob/strict".into(),
+            "In".into(),
+            serde_json::json!(["strict"])
+        )
+    );
+    assert_eq!(
+        hooks[2]["rules"][0]["apiGroups"],
+        serde_json::json!(["trainer.kubeflow.org"])
+    );
+    assert_eq!(
+        hooks[2]["rules"][0]["resources"],
+        serde_json::json!(["trainjobs"])
     );
 
     // The shared Secret, created empty (the webhook fills it), and exactly the rights on it
