@@ -159,7 +159,7 @@ fn a_job_and_a_status_an_admission_webhook_denies_show_in_the_status() {
     let c = condition(&plan, "JobCreated").unwrap();
     assert!(
         c.message
-            .contains("the API server refused to create pytorchjob"),
+            .contains("the API server refused to create PyTorchJob"),
         "{}",
         c.message
     );

@@ -294,6 +294,9 @@ mod extrapolation {
                         prop_assert!(close(x.start, y.start, scale) && close(x.end, y.end, scale));
                     }
                 }
+                // Not periodic yet within the budget (a rank whose slack still grows, as when
+                // two stages cost almost the same): refused, never extrapolated wrong.
+                Err(ScheduleError::TooLarge { .. }) => prop_assume!(false),
                 Err(e) => prop_assert!(false, "{schedule:?} p={p} v={v} m={m}: {e}"),
             }
         }

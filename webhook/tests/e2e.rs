@@ -588,7 +588,7 @@ fn self_signed_mode_patches_the_ca_bundle_and_keeps_it_patched() {
         ])
     };
     let want = base64(&ca).as_str().unwrap().to_string();
-    assert_eq!(bundles(), [want.as_str(); 3].join(" "), "{}", w.logs());
+    assert_eq!(bundles(), [want.as_str(); 4].join(" "), "{}", w.logs());
     let managers = k.ok(&[
         "get",
         "validatingwebhookconfiguration",
@@ -611,6 +611,6 @@ fn self_signed_mode_patches_the_ca_bundle_and_keeps_it_patched() {
     wait_for(
         Duration::from_secs(20),
         "the caBundle to be restored",
-        || (bundles() == [want.as_str(); 3].join(" ")).then_some(()),
+        || (bundles() == [want.as_str(); 4].join(" ")).then_some(()),
     );
 }

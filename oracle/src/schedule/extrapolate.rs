@@ -86,6 +86,18 @@ impl Simulator {
         }
         let makespan = runs[2].chunks(4).take(pp).map(|r| r[0]).fold(0.0, f64::max);
         let tol = TOLERANCE * makespan.abs().max(f64::MIN_POSITIVE);
+        // In a periodic steady state every rank ends, and every virtual stage's last backward
+        // happens, one period later per step: a rank whose end moves slower still drifts (its
+        // slack grows until another dependency path takes over, a kink three runs cannot
+        // see), so it is no steady state yet.
+        let makespan_of = |run: &[f64]| run.chunks(4).take(pp).map(|r| r[0]).fold(0.0, f64::max);
+        let period = makespan_of(&runs[1]) - makespan_of(&runs[0]);
+        let ends = (0..pp).map(|r| 4 * r).chain(4 * pp..runs[0].len());
+        for i in ends {
+            if !((runs[1][i] - runs[0][i]) - period).abs().le(&tol) {
+                return Ok(None);
+            }
+        }
         let steps_to_m = ((m - m1) / step) as f64;
         let mut at_m = Vec::with_capacity(runs[0].len());
         for ((a, b), c3) in runs[0].iter().zip(&runs[1]).zip(&runs[2]) {

@@ -388,7 +388,8 @@ fn non_default_values_render_as_asked() {
     // matchConditions on 1.20.
     let vwc = r.get("ValidatingWebhookConfiguration", "gpu-planner");
     let hooks = vwc["webhooks"].as_array().unwrap();
-    assert_eq!(hooks.len(), 2);
+    // PyTorchJobs and TrainJobs, each plain and strict.
+    assert_eq!(hooks.len(), 4);
     for h in hooks {
         assert_eq!(h["failurePolicy"], "Fail");
         assert_eq!(h["timeoutSeconds"], 10);
