@@ -20,6 +20,7 @@ use cudarc::nccl::{result as nccl, sys as ncclsys};
 use crate::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
 use primus_oracle::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
 use primus_oracle::collectives::Collective;
+use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::{Backend, BenchmarkResults};
 
@@ -29,13 +30,14 @@ const WORKSPACE: u64 = 32 << 20;
 /// Run the benchmark of `plan` on this node's NVIDIA GPUs.
 pub fn run(
     plan: &Plan,
+    finalists: &[Layout],
     protocol: &Protocol,
     provenance: Provenance,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchmarkResults, BenchError> {
     measure::guarded("cuda backend", || {
         let mut engine = Engine::new(CudaGpu::open()?);
-        measure::run(plan, &mut engine, protocol, provenance, progress)
+        measure::run(plan, finalists, &mut engine, protocol, provenance, progress)
     })
 }
 

@@ -17,6 +17,7 @@ mod hip_ffi;
 pub mod rocm;
 
 use primus_oracle::bench::measure::{BenchError, Protocol, Provenance};
+use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::{Backend, BenchmarkResults};
 
@@ -26,13 +27,14 @@ use primus_oracle::report::{Backend, BenchmarkResults};
 pub fn run(
     backend: Backend,
     plan: &Plan,
+    finalists: &[Layout],
     protocol: &Protocol,
     provenance: Provenance,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchmarkResults, BenchError> {
     match backend {
-        Backend::Rocm => run_rocm(plan, protocol, provenance, progress),
-        Backend::Cuda => run_cuda(plan, protocol, provenance, progress),
+        Backend::Rocm => run_rocm(plan, finalists, protocol, provenance, progress),
+        Backend::Cuda => run_cuda(plan, finalists, protocol, provenance, progress),
         Backend::Simulate => Err(BenchError::new(
             "simulate is not a GPU backend: use primus_oracle::bench::simulate",
         )),
@@ -42,16 +44,18 @@ pub fn run(
 #[cfg(feature = "rocm")]
 fn run_rocm(
     plan: &Plan,
+    finalists: &[Layout],
     protocol: &Protocol,
     provenance: Provenance,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchmarkResults, BenchError> {
-    rocm::run(plan, protocol, provenance, progress)
+    rocm::run(plan, finalists, protocol, provenance, progress)
 }
 
 #[cfg(not(feature = "rocm"))]
 fn run_rocm(
     _plan: &Plan,
+    _finalists: &[Layout],
     _protocol: &Protocol,
     _provenance: Provenance,
     _progress: &mut dyn FnMut(&str),
@@ -64,16 +68,18 @@ fn run_rocm(
 #[cfg(feature = "cuda")]
 fn run_cuda(
     plan: &Plan,
+    finalists: &[Layout],
     protocol: &Protocol,
     provenance: Provenance,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchmarkResults, BenchError> {
-    cuda::run(plan, protocol, provenance, progress)
+    cuda::run(plan, finalists, protocol, provenance, progress)
 }
 
 #[cfg(not(feature = "cuda"))]
 fn run_cuda(
     _plan: &Plan,
+    _finalists: &[Layout],
     _protocol: &Protocol,
     _provenance: Provenance,
     _progress: &mut dyn FnMut(&str),

@@ -17,6 +17,7 @@ use crate::gpu::{DevPtr, Engine, Event, GemmSpec, Gpu};
 use crate::hip_ffi::{self as ffi, HipBlasLt, LtAlgo, LtHeuristic, NcclComm, Rccl};
 use primus_oracle::bench::measure::{self, BenchError, DeviceInfo, Protocol, Provenance};
 use primus_oracle::collectives::Collective;
+use primus_oracle::layout::Layout;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::{Backend, BenchmarkResults};
 
@@ -26,13 +27,14 @@ const WORKSPACE: u64 = 32 << 20;
 /// Run the benchmark of `plan` on this node's AMD GPUs.
 pub fn run(
     plan: &Plan,
+    finalists: &[Layout],
     protocol: &Protocol,
     provenance: Provenance,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BenchmarkResults, BenchError> {
     measure::guarded("rocm backend", || {
         let mut engine = Engine::new(RocmGpu::open()?);
-        measure::run(plan, &mut engine, protocol, provenance, progress)
+        measure::run(plan, finalists, &mut engine, protocol, provenance, progress)
     })
 }
 

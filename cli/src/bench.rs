@@ -18,7 +18,9 @@ use primus_crds::{BenchmarkReport, BenchmarkReportSpec, TrainingPlan};
 use primus_oracle::bench::measure::{self, Protocol, Provenance};
 use primus_oracle::bench::simulate::SimulatedDevice;
 use primus_oracle::calibrate::Calibration;
+use primus_oracle::calibrate::finalists::analytic_finalists;
 use primus_oracle::hardware::Vendor;
+use primus_oracle::layout::Layout;
 use primus_oracle::parse::parse_yaml_value;
 use primus_oracle::plan::Plan;
 use primus_oracle::report::{Backend, BenchmarkResults};
@@ -103,6 +105,33 @@ pub struct Args {
     /// No per-case progress lines on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Also time the kernels of the K best layouts of an analytic search (the tuner's
+    /// finalists) at their own one-node shapes, so the operator ranks them by measured
+    /// kernels (at most 8; 0: none).
+    #[arg(long, value_name = "K", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=primus_oracle::report::MAX_FINALISTS as i64))]
+    pub finalists: u32,
+}
+
+/// How long the analytic search for finalists may take.
+const FINALIST_SEARCH: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The finalists `--finalists K` asks for (progress on stderr unless quiet).
+fn finalists_of(args: &Args, plan: &Plan) -> Vec<Layout> {
+    if args.finalists == 0 {
+        return Vec::new();
+    }
+    let deadline = std::time::Instant::now().checked_add(FINALIST_SEARCH);
+    let found = analytic_finalists(plan, args.finalists as usize, deadline);
+    if !args.quiet {
+        let labels: Vec<String> = found.iter().map(Layout::label).collect();
+        eprintln!(
+            "bench: {} finalist(s) of the analytic search: {}",
+            found.len(),
+            labels.join("; ")
+        );
+    }
+    found
 }
 
 /// `spec.benchmark.backend` of a TrainingPlan document or spec, when set.
@@ -153,6 +182,7 @@ pub fn node_name() -> String {
 /// Run the benchmark of `plan` with `backend`.
 pub fn measure(
     plan: &Plan,
+    finalists: &[Layout],
     backend: Backend,
     protocol: &Protocol,
     quiet: bool,
@@ -171,11 +201,16 @@ pub fn measure(
         Backend::Simulate => {
             let mut device = SimulatedDevice::new(&plan.scenario);
             let once = Protocol { warmup: 0, runs: 1 };
-            measure::run(plan, &mut device, &once, provenance, &mut |_| {})
+            measure::run(plan, finalists, &mut device, &once, provenance, &mut |_| {})
         }
-        Backend::Rocm | Backend::Cuda => {
-            primus_bench::run(backend, plan, protocol, provenance, &mut progress)
-        }
+        Backend::Rocm | Backend::Cuda => primus_bench::run(
+            backend,
+            plan,
+            finalists,
+            protocol,
+            provenance,
+            &mut progress,
+        ),
     }
     .map_err(|e| CliError::Failed(e.to_string()))?;
     results.finished_at = now_rfc3339();
@@ -326,7 +361,8 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         let doc = parse_yaml_value(&text, &source)?;
         let spec = doc.get("spec").cloned().unwrap_or(doc);
         let backend = choose_backend(args, spec_backend(&spec)?, &plan);
-        let results = measure(&plan, backend, &protocol(args), args.quiet)?;
+        let finalists = finalists_of(args, &plan);
+        let results = measure(&plan, &finalists, backend, &protocol(args), args.quiet)?;
         write_output(args, &results)?;
         print_comparison(args, &plan, &results)?;
         if args.report_to.is_some() {
@@ -353,7 +389,8 @@ fn from_cluster(args: &Args) -> Result<(), CliError> {
             .validate(&name, &c, primus_crds::Runner::Cluster)?;
         let from_spec = object.spec.benchmark.as_ref().and_then(|b| b.backend);
         let backend = choose_backend(args, from_spec, &plan);
-        let results = measure(&plan, backend, &protocol(args), args.quiet)?;
+        let finalists = finalists_of(args, &plan);
+        let results = measure(&plan, &finalists, backend, &protocol(args), args.quiet)?;
         write_output(args, &results)?;
         print_comparison(args, &plan, &results)?;
         if args.report_to.is_some() {

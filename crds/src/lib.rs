@@ -25,9 +25,9 @@ pub mod validate;
 pub use benchmark_report::{BenchmarkReport, BenchmarkReportSpec};
 pub use pytorchjob::PyTorchJob;
 pub use training_plan::{
-    BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, JobKind, JobSpec, JobStatus, Launcher,
-    LayoutSummary, MeasuredThroughput, Phase, PrometheusSource, RuntimeRef, SearchSummary,
-    TrainingPlan, TrainingPlanSpec, TrainingPlanStatus,
+    BenchmarkSpec, BenchmarkStatus, DriftSpec, DriftStatus, FinalistsSummary, JobKind, JobSpec,
+    JobStatus, Launcher, LayoutSummary, MeasuredThroughput, Phase, PrometheusSource, RuntimeRef,
+    SearchSummary, TrainingPlan, TrainingPlanSpec, TrainingPlanStatus,
 };
 pub use trainjob::TrainJob;
 pub use validate::Runner;

@@ -317,6 +317,10 @@ pub struct LayoutSummary {
     pub dominant: String,
     /// Whether the numbers use a benchmark calibration.
     pub calibrated: bool,
+    /// Whether the numbers use kernels timed at this layout's own shapes (a finalist the
+    /// benchmark measured), not ratios interpolated from other shapes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured_kernels: bool,
 }
 
 /// What the search did.
@@ -346,6 +350,25 @@ pub struct SearchSummary {
     /// exhaustive search's answer was used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_unavailable: Option<String>,
+    /// The final ranking of the best layouts by kernels measured at their own shapes (with a
+    /// benchmark report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalists: Option<FinalistsSummary>,
+}
+
+/// The best layouts ranked by measured kernels.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalistsSummary {
+    /// Finalists (the chosen layout and the candidates).
+    pub finalists: u32,
+    /// Of them, those projected with kernels timed at their own shapes.
+    pub measured: u32,
+    /// Whether the measured kernels changed the tuner's order.
+    pub order_changed: bool,
+    /// What changed, in one line (empty when nothing did).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub change: String,
 }
 
 /// Provenance of the benchmark used.

@@ -1,9 +1,10 @@
 //! The pure part of a pass: validate a plan's spec with the oracle's rules (and the operator's
 //! own fields), and choose its layout with the tuner. No API calls here; unit-tested.
 
-use primus_crds::{LayoutSummary, Runner, SearchSummary, TrainingPlanSpec};
+use primus_crds::{FinalistsSummary, LayoutSummary, Runner, SearchSummary, TrainingPlanSpec};
 use primus_oracle::FieldError;
 use primus_oracle::calibrate::CalibratedTimer;
+use primus_oracle::calibrate::finalists;
 use primus_oracle::compute::{AnalyticTimer, OpTimer};
 use primus_oracle::hardware::Vendor;
 use primus_oracle::plan::{Plan, SearcherKind};
@@ -130,7 +131,7 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * f).round() / f
 }
 
-fn summary(c: &Candidate, calibrated: bool) -> LayoutSummary {
+fn summary(c: &Candidate, calibrated: bool, measured_kernels: bool) -> LayoutSummary {
     let p = &c.projection;
     LayoutSummary {
         label: c.label.clone(),
@@ -144,6 +145,7 @@ fn summary(c: &Candidate, calibrated: bool) -> LayoutSummary {
         usable_memory_bytes: p.memory.usable_bytes.round(),
         dominant: c.dominant.clone(),
         calibrated,
+        measured_kernels,
     }
 }
 
@@ -215,22 +217,30 @@ pub fn choose_within(
     if result.timed_out {
         tracing::warn!(plan = %plan.name, budget = ?budget, "the search ran out of time: the best layout found so far is chosen");
     }
-    let Some(best) = &result.best else {
+    if result.best.is_none() {
+        return Err(ChooseError::NoFeasibleLayout(no_layout_message(&result)));
+    }
+    let reference = result
+        .reference
+        .as_ref()
+        .map(|r| summary(&r.candidate, calibrated, false));
+    let ranked = ranked(plan, report.filter(|_| calibrated), &result);
+    // Measured kernels may have put another layout first: its gain, not the tuner's best's.
+    let gain_over_reference = match (&result.reference, &ranked.new_first) {
+        (Some(r), Some(c)) if r.candidate.tokens_per_second() > 0.0 => {
+            Some(c.tokens_per_second() / r.candidate.tokens_per_second() - 1.0)
+        }
+        _ => result.gain_over_reference,
+    };
+    let mut listed = ranked.summaries.into_iter();
+    let Some(chosen) = listed.next() else {
         return Err(ChooseError::NoFeasibleLayout(no_layout_message(&result)));
     };
     Ok(Choice {
-        chosen: summary(best, calibrated),
-        reference: result
-            .reference
-            .as_ref()
-            .map(|r| summary(&r.candidate, calibrated)),
-        gain_over_reference: result.gain_over_reference,
-        candidates: result
-            .top
-            .iter()
-            .skip(1)
-            .map(|c| summary(c, calibrated))
-            .collect(),
+        chosen,
+        reference,
+        gain_over_reference,
+        candidates: listed.collect(),
         search: SearchSummary {
             searcher: result.searcher.as_str().to_string(),
             evaluated: result.evaluated,
@@ -244,8 +254,64 @@ pub fn choose_within(
                 .map(|e| e.lines())
                 .unwrap_or_default(),
             agent_unavailable: result.agent_unavailable.clone(),
+            finalists: ranked.finalists,
         },
     })
+}
+
+/// The tuner's best layouts as the status lists them.
+struct Ranked {
+    /// Best first.
+    summaries: Vec<LayoutSummary>,
+    /// The new first one, when measured kernels put another layout than the tuner's first.
+    new_first: Option<Candidate>,
+    /// What the measured kernels did (with a report).
+    finalists: Option<FinalistsSummary>,
+}
+
+/// The tuner's best layouts, best first: with a benchmark report, re-ranked by the kernels
+/// measured at each one's own shapes ([`finalists::rank`]), and what that changed.
+fn ranked(plan: &Plan, report: Option<&BenchmarkResults>, result: &TuneResult) -> Ranked {
+    let top: Vec<Candidate> = match (&result.best, result.top.is_empty()) {
+        (Some(b), true) => vec![b.clone()],
+        _ => result.top.clone(),
+    };
+    let Some(report) = report else {
+        return Ranked {
+            summaries: top.iter().map(|c| summary(c, false, false)).collect(),
+            new_first: None,
+            finalists: None,
+        };
+    };
+    let ranking = finalists::rank(plan, report, &top);
+    let first = ranking.finalists.first();
+    let new_first = first.filter(|f| f.tuned_rank != 0);
+    let change = match new_first {
+        Some(f) => format!(
+            "measured kernels put {} (tuned #{}) first, ahead of {} (tuned #1)",
+            f.candidate.label,
+            f.tuned_rank + 1,
+            top.first().map(|c| c.label.as_str()).unwrap_or("?")
+        ),
+        None if ranking.order_changed() => {
+            "measured kernels reordered the candidates after the first".to_string()
+        }
+        None => String::new(),
+    };
+    Ranked {
+        summaries: ranking
+            .finalists
+            .iter()
+            .map(|f| summary(&f.candidate, true, f.measured))
+            .collect(),
+        new_first: new_first.map(|f| f.candidate.clone()),
+        finalists: Some(FinalistsSummary {
+            finalists: ranking.finalists.len() as u32,
+            measured: ranking.measured() as u32,
+            order_changed: ranking.order_changed(),
+            change,
+        }),
+    }
 }
 
 /// The agent search under the plan's budget, on its own thread (the transport runs its own

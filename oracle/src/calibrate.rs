@@ -44,6 +44,7 @@ use crate::scenario::Scenario;
 
 mod compare;
 mod coverage;
+pub mod finalists;
 #[cfg(test)]
 mod tests;
 

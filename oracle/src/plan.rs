@@ -430,6 +430,14 @@ impl Plan {
             )
         })
     }
+
+    /// The same plan with `spec.parallelism` set to `layout` (a finalist's benchmark).
+    pub fn with_layout(&self, layout: Layout) -> Plan {
+        Plan {
+            layout: Some(layout),
+            ..self.clone()
+        }
+    }
 }
 
 impl PlanSpec {

@@ -113,6 +113,26 @@ pub struct BenchmarkResults {
     pub collectives: Vec<CollectiveMeasurement>,
     /// Peak device memory seen during the run, bytes.
     pub peak_memory_bytes: f64,
+    /// The kernels of the tuner's finalists at their own one-node shapes (those whose shapes
+    /// differ from `measuredLayout`'s), for ranking them by measured kernels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalists: Vec<FinalistMeasurement>,
+}
+
+/// The kernels of one finalist layout, timed at its own one-node shapes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<FinalistMeasurement>))]
+#[serde(rename_all = "camelCase")]
+pub struct FinalistMeasurement {
+    /// The finalist (the full-scale layout the tuner ranked).
+    pub layout: Layout,
+    /// The one-node layout its kernels were timed at.
+    pub measured_layout: Layout,
+    /// Key of those shapes ([`crate::bench::shapes_key`] of the plan with this layout).
+    pub shapes_key: String,
+    /// Timed compute ops at those shapes.
+    pub ops: Vec<OpMeasurement>,
 }
 
 /// Timed ops of one report: a layer's op list at a few shapes is a few hundred.
@@ -121,6 +141,28 @@ pub const MAX_REPORT_OPS: u64 = 4096;
 pub const MAX_REPORT_COLLECTIVES: u64 = 1024;
 /// Dimensions of one op's shape (GEMMs: three).
 pub const MAX_SHAPE_DIMS: u64 = 8;
+/// Finalists one report measures (the tuner's top K, K at most this).
+pub const MAX_FINALISTS: u64 = 8;
+/// Timed ops of one finalist (its layer's op list, like the report's own).
+pub const MAX_FINALIST_OPS: u64 = 512;
+
+/// One finalist's kernels, bounded.
+impl Bounded for FinalistMeasurement {
+    const BOUNDS: &'static [Bound<Self>] = &[
+        Bound::text("shapesKey", limits::TEXT, |f| (&f.shapes_key).into()),
+        Bound::items("ops", MAX_FINALIST_OPS, |f| Seen::Items(f.ops.len())),
+    ];
+
+    fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
+        bounds::check_rows(self, at, Self::BOUNDS)?;
+        bounds::check(&self.layout, &bounds::path(at, "layout"))?;
+        bounds::check(&self.measured_layout, &bounds::path(at, "measuredLayout"))?;
+        for (i, o) in self.ops.iter().enumerate() {
+            bounds::check(o, &format!("{}[{i}]", bounds::path(at, "ops")))?;
+        }
+        Ok(())
+    }
+}
 
 /// One timed op, bounded.
 impl Bounded for OpMeasurement {
@@ -164,6 +206,9 @@ impl Bounded for BenchmarkResults {
         Bound::items("collectives", MAX_REPORT_COLLECTIVES, |r| {
             Seen::Items(r.collectives.len())
         }),
+        Bound::items("finalists", MAX_FINALISTS, |r| {
+            Seen::Items(r.finalists.len())
+        }),
     ];
 
     fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
@@ -175,6 +220,9 @@ impl Bounded for BenchmarkResults {
         }
         for (i, c) in self.collectives.iter().enumerate() {
             bounds::check(c, &format!("{}[{i}]", bounds::path(at, "collectives")))?;
+        }
+        for (i, f) in self.finalists.iter().enumerate() {
+            bounds::check(f, &format!("{}[{i}]", bounds::path(at, "finalists")))?;
         }
         Ok(())
     }

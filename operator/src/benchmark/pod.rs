@@ -14,7 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use primus_crds::TrainingPlan;
 use primus_crds::provenance::{self, ATTEMPT_ENV, TOKEN_ENV, TOKEN_KEY};
 use primus_oracle::bench;
-use primus_oracle::plan::Plan;
+use primus_oracle::plan::{Plan, SearcherKind};
+use primus_oracle::report::MAX_FINALISTS;
 
 use super::{COMPONENT, COMPONENT_LABEL, CONTAINER, KEY_LABEL, PLAN_LABEL, Settings};
 use super::{backend_name, pod_name};
@@ -53,7 +54,7 @@ pub fn pod(
         .product_values
         .first()
         .map(|v| BTreeMap::from([(hw.kubernetes.product_label.clone(), v.clone())]));
-    let command = vec![
+    let mut command = vec![
         "primus".to_string(),
         "bench".to_string(),
         "--plan".to_string(),
@@ -63,6 +64,12 @@ pub fn pod(
         "--report-to".to_string(),
         format!("{ns}/{report}"),
     ];
+    // The tuner's finalists are ranked by kernels timed at their own shapes: the pod times
+    // those of the best layouts of an analytic search too (none for searcher `none`).
+    let finalists = finalists_for(plan);
+    if finalists > 0 {
+        command.extend(["--finalists".to_string(), finalists.to_string()]);
+    }
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(pod_name(report, attempt)),
@@ -94,6 +101,15 @@ pub fn pod(
         }),
         status: None,
     })
+}
+
+/// How many finalists a plan's benchmark times: its `spec.tuning.topK`, at most
+/// [`MAX_FINALISTS`]; none for searcher `none` (nothing is ranked).
+pub fn finalists_for(plan: &Plan) -> u64 {
+    if plan.tuning.searcher == SearcherKind::None {
+        return 0;
+    }
+    (plan.tuning.top_k as u64).min(MAX_FINALISTS)
 }
 
 /// The benchmark container's environment: its node, and its attempt's token (from the

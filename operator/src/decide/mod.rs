@@ -376,6 +376,12 @@ fn choice_conditions(c: &Choice) -> Verdicts {
     if let Some(g) = c.gain_over_reference {
         tuned.push_str(&format!("; {:+.1}% over spec.parallelism", g * 100.0));
     }
+    if let Some(f) = s.finalists.as_ref().filter(|f| f.order_changed) {
+        tuned.push_str(&format!(
+            "; {} ({} of {} finalists measured at their own shapes)",
+            f.change, f.measured, f.finalists
+        ));
+    }
     if let Some(t) = &s.trials
         && t.agent_rounds > 0
     {

@@ -38,6 +38,7 @@ fn summary(label: &str, layout: Layout) -> LayoutSummary {
         usable_memory_bytes: 75.0 * GIB,
         dominant: "compute".into(),
         calibrated: false,
+        measured_kernels: false,
     }
 }
 
@@ -179,6 +180,7 @@ fn a_choice_is_projected_and_tuned() {
             trials: None,
             explanation: Vec::new(),
             agent_unavailable: None,
+            finalists: None,
         },
     };
     let s = chosen(Ok(c.clone()));
@@ -543,6 +545,7 @@ fn the_cached_choice_needs_the_same_generation_and_report() {
             trials: None,
             explanation: Vec::new(),
             agent_unavailable: None,
+            finalists: None,
         },
     }));
     let Next::Go(choice) = &c.next else { panic!() };

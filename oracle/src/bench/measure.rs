@@ -35,7 +35,10 @@ use crate::layout::Layout;
 use crate::plan::Plan;
 use crate::precision::Precision;
 use crate::projection::{BUCKET_PARAMS, grad_bytes};
-use crate::report::{Backend, BenchmarkResults, CollectiveMeasurement, OpMeasurement};
+use crate::report::{
+    Backend, BenchmarkResults, CollectiveMeasurement, FinalistMeasurement, MAX_FINALIST_OPS,
+    MAX_FINALISTS, OpMeasurement,
+};
 use crate::scenario::Scenario;
 use crate::units::GB;
 pub use shapes::*;
@@ -290,20 +293,17 @@ pub struct Provenance {
     pub finished_at: String,
 }
 
-/// Run the benchmark of `plan` on `device`. Collectives over more GPUs than the device has are
-/// left out (`progress` hears which); `progress` hears one line per case.
-pub fn run(
-    plan: &Plan,
+/// Time a list of op cases on `device`; `progress` hears one line per case, `what` first.
+fn time_ops(
+    cases: &[OpCase],
+    what: &str,
     device: &mut dyn Device,
     protocol: &Protocol,
-    provenance: Provenance,
     progress: &mut dyn FnMut(&str),
-) -> Result<BenchmarkResults, BenchError> {
-    let s = &plan.scenario;
-    let bp = bench_plan(plan);
-    let mut ops = Vec::with_capacity(bp.ops.len());
-    for (i, case) in bp.ops.iter().enumerate() {
-        progress(&format!("[{}/{}] {}", i + 1, bp.ops.len(), case.name));
+) -> Result<Vec<OpMeasurement>, BenchError> {
+    let mut ops = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        progress(&format!("{what}[{}/{}] {}", i + 1, cases.len(), case.name));
         let samples = device.time_op(case, protocol)?;
         let (median, spread) = stats(&samples);
         ops.push(OpMeasurement {
@@ -318,6 +318,65 @@ pub fn run(
             runs: samples.len() as u32,
         });
     }
+    Ok(ops)
+}
+
+/// The kernels of the finalists whose one-node shapes differ from the plan's own benchmark
+/// and from each other's (at most [`MAX_FINALISTS`]; one whose op list is longer than
+/// [`MAX_FINALIST_OPS`] is skipped, `progress` hears so).
+fn time_finalists(
+    plan: &Plan,
+    finalists: &[Layout],
+    device: &mut dyn Device,
+    protocol: &Protocol,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<FinalistMeasurement>, BenchError> {
+    let mut keys = vec![shapes_key(plan)];
+    let mut out = Vec::new();
+    for l in finalists.iter().take(MAX_FINALISTS as usize) {
+        let p = plan.with_layout(l.clone());
+        let key = shapes_key(&p);
+        if keys.contains(&key) {
+            continue;
+        }
+        keys.push(key.clone());
+        let d = measured(&p);
+        let cases = op_cases(&p.scenario, &d);
+        if cases.len() as u64 > MAX_FINALIST_OPS {
+            progress(&format!(
+                "skipped finalist {}: {} ops (at most {MAX_FINALIST_OPS})",
+                l.label(),
+                cases.len()
+            ));
+            continue;
+        }
+        let what = format!("finalist {} ", out.len() + 1);
+        let ops = time_ops(&cases, &what, device, protocol, progress)?;
+        out.push(FinalistMeasurement {
+            layout: l.clone(),
+            measured_layout: d.layout,
+            shapes_key: key,
+            ops,
+        });
+    }
+    Ok(out)
+}
+
+/// Run the benchmark of `plan` on `device`, and the kernels of `finalists` (the tuner's best
+/// layouts, whose shapes may differ from the plan's: ranked later by measured kernels).
+/// Collectives over more GPUs than the device has are left out (`progress` hears which);
+/// `progress` hears one line per case.
+pub fn run(
+    plan: &Plan,
+    finalists: &[Layout],
+    device: &mut dyn Device,
+    protocol: &Protocol,
+    provenance: Provenance,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchmarkResults, BenchError> {
+    let s = &plan.scenario;
+    let bp = bench_plan(plan);
+    let ops = time_ops(&bp.ops, "", device, protocol, progress)?;
     let mut collectives = Vec::new();
     let mut used = 1;
     for case in &bp.collectives {
@@ -351,6 +410,7 @@ pub fn run(
             runs: samples.len() as u32,
         });
     }
+    let finalists = time_finalists(plan, finalists, device, protocol, progress)?;
     let info = device.info();
     let d = &bp.downscaled;
     Ok(BenchmarkResults {
@@ -371,6 +431,7 @@ pub fn run(
         ops,
         collectives,
         peak_memory_bytes: device.peak_memory_bytes(),
+        finalists,
     })
 }
 

@@ -10,6 +10,7 @@
 use crate::bench::measure::{self, BenchError, CollectiveCase, Device, DeviceInfo, OpCase};
 use crate::collectives::{self, Collective, Topology};
 use crate::compute::{AnalyticTimer, OpTimer, TimerContext};
+use crate::layout::Layout;
 use crate::plan::Plan;
 use crate::report::{Backend, BenchmarkResults};
 use crate::scenario::Scenario;
@@ -103,10 +104,26 @@ impl Device for SimulatedDevice<'_> {
 
 /// A simulated benchmark of `plan` on one node.
 pub fn simulate(plan: &Plan, provenance: Provenance) -> BenchmarkResults {
+    simulate_with_finalists(plan, &[], provenance)
+}
+
+/// A simulated benchmark of `plan` and of the kernels of `finalists` on one node.
+pub fn simulate_with_finalists(
+    plan: &Plan,
+    finalists: &[Layout],
+    provenance: Provenance,
+) -> BenchmarkResults {
     let mut device = SimulatedDevice::new(&plan.scenario);
     let protocol = measure::Protocol { warmup: 0, runs: 1 };
-    measure::run(plan, &mut device, &protocol, provenance, &mut |_| {})
-        .expect("the analytic device does not fail")
+    measure::run(
+        plan,
+        finalists,
+        &mut device,
+        &protocol,
+        provenance,
+        &mut |_| {},
+    )
+    .expect("the analytic device does not fail")
 }
 
 #[cfg(test)]
