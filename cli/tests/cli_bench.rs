@@ -128,3 +128,41 @@ fn bad_input_names_the_argument() {
         .assert()
         .code(2);
 }
+
+#[test]
+fn finalists_are_timed_at_their_own_shapes_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("r.json");
+    let out = Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "--simulate", "--finalists", "4", "-f"])
+        .arg(example("llama3.1-8b-h100-benchmark.yaml"))
+        .arg("-o")
+        .arg(&file)
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("finalist(s) of the analytic search: "), "{err}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let finalists = r["finalists"].as_array().expect("finalists");
+    assert!(!finalists.is_empty() && finalists.len() <= 4);
+    let mut keys: Vec<&str> = finalists
+        .iter()
+        .map(|f| f["shapesKey"].as_str().unwrap())
+        .collect();
+    assert!(keys.iter().all(|k| *k != r["shapesKey"].as_str().unwrap()));
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), finalists.len(), "each shape timed once");
+    // Beyond the bound: refused, naming the flag.
+    Command::cargo_bin("primus")
+        .unwrap()
+        .args(["bench", "--simulate", "--finalists", "9", "-f"])
+        .arg(example("llama3.1-8b-h100-benchmark.yaml"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--finalists"));
+}

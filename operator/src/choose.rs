@@ -493,6 +493,60 @@ mod tests {
     }
 
     #[test]
+    fn measured_finalists_reorder_the_choice_and_the_status_says_so() {
+        let c = Catalog::builtin().unwrap();
+        let s = spec(&format!(
+            "{BASE}parallelism: {{tp: 2}}\ntuning: {{topK: 5}}\n"
+        ));
+        let plan = validate(&s, "p", &c).unwrap();
+        let finalists = primus_oracle::calibrate::finalists::analytic_finalists(&plan, 5, None);
+        let mut report = primus_oracle::bench::simulate::simulate_with_finalists(
+            &plan,
+            &finalists,
+            Default::default(),
+        );
+        let tuned = choose(&plan, Some(&report)).unwrap();
+        let f = tuned.search.finalists.clone().unwrap();
+        assert!(!f.order_changed && f.change.is_empty());
+        assert_eq!(f.finalists as usize, 1 + tuned.candidates.len());
+        // The tuner's best runs its kernels 1.6x slower at its own shapes than modelled.
+        let best = primus_oracle::bench::shapes_key(&plan.with_layout(tuned.chosen.layout.clone()));
+        let entry = report
+            .finalists
+            .iter_mut()
+            .find(|f| f.shapes_key == best)
+            .expect("the best has shapes of its own");
+        for o in entry.ops.iter_mut() {
+            o.median_seconds *= 1.6;
+        }
+        let measured = choose(&plan, Some(&report)).unwrap();
+        assert_ne!(measured.chosen.layout, tuned.chosen.layout);
+        assert!(measured.chosen.measured_kernels);
+        let f = measured.search.finalists.clone().unwrap();
+        assert!(f.order_changed);
+        assert!(
+            f.change.starts_with(&format!(
+                "measured kernels put {} (tuned #",
+                measured.chosen.label
+            )),
+            "{}",
+            f.change
+        );
+        // The gain is the new first one's.
+        let r = measured
+            .reference
+            .as_ref()
+            .unwrap()
+            .tokens_per_second_per_gpu;
+        let g = measured.gain_over_reference.unwrap();
+        assert!((g - (measured.chosen.tokens_per_second_per_gpu / r - 1.0)).abs() < 1e-3);
+        // The Tuned condition says what the measured kernels changed.
+        let step = crate::decide::chosen(Ok(measured));
+        let tuned_msg = step.conditions.get("Tuned").unwrap().message.clone();
+        assert!(tuned_msg.contains("measured kernels put "), "{tuned_msg}");
+    }
+
+    #[test]
     fn searcher_none_uses_the_layout_as_given() {
         let c = Catalog::builtin().unwrap();
         let s = spec(&format!(

@@ -112,6 +112,8 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
             .as_ref()
             .is_some_and(|t| t.iter().any(|t| t.key.as_deref() == Some("nvidia.com/gpu")))
     );
+    // The pod also times the kernels of the plan's top 5 (spec.tuning.topK) finalists.
+    assert!(cmd.ends_with(" --finalists 5"), "{cmd}");
 
     // The report: simulated, from our node, owned by the plan.
     let reports: Api<BenchmarkReport> = Api::namespaced(client.clone(), &ns.name);
@@ -128,6 +130,14 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
         "NVIDIA H100 80GB HBM3 (SXM5)"
     );
     assert!(!report.spec.results.ops.is_empty());
+    // Finalists at other shapes than the benchmark's TP 2 MBS 1, each timed once.
+    let finalists = &report.spec.results.finalists;
+    assert!(!finalists.is_empty() && finalists.len() <= 5);
+    assert!(
+        finalists
+            .iter()
+            .all(|f| f.shapes_key != report.spec.results.shapes_key && !f.ops.is_empty())
+    );
     let owner = &report
         .metadata
         .owner_references
@@ -175,6 +185,24 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
         chosen.peak_memory_bytes > 0.0 && chosen.peak_memory_bytes <= chosen.usable_memory_bytes
     );
     assert!(st.reference.is_some() && st.gain_over_reference.is_some());
+    // The finalists ranked by kernels measured at their own shapes: simulated kernels are
+    // the model, so every finalist measured at its shapes keeps its place.
+    let f = st
+        .search
+        .as_ref()
+        .and_then(|s| s.finalists.clone())
+        .expect("status.search.finalists");
+    assert_eq!(f.finalists as usize, 1 + st.candidates.len());
+    assert!(!f.order_changed && f.change.is_empty(), "{f:?}");
+    let measured = std::iter::once(&chosen)
+        .chain(&st.candidates)
+        .filter(|c| c.measured_kernels)
+        .count();
+    assert_eq!(measured as u32, f.measured);
+    assert!(
+        chosen.measured_kernels,
+        "the chosen layout's shapes were timed"
+    );
     assert!(
         st.search
             .as_ref()

@@ -192,6 +192,17 @@ mod tests {
     use primus_oracle::report::Backend;
 
     #[test]
+    fn finalists_follow_top_k_up_to_the_bound_and_none_without_a_search() {
+        let (_, mut plan) = plan_obj();
+        plan.tuning.top_k = 20;
+        assert_eq!(finalists_for(&plan), MAX_FINALISTS);
+        plan.tuning.top_k = 3;
+        assert_eq!(finalists_for(&plan), 3);
+        plan.tuning.searcher = SearcherKind::None;
+        assert_eq!(finalists_for(&plan), 0);
+    }
+
+    #[test]
     fn the_pod_asks_for_one_node_of_the_gpu_kind() {
         let (obj, plan) = plan_obj();
         let config = Config::default();
@@ -232,7 +243,10 @@ mod tests {
         assert_eq!(limits.get("nvidia.com/gpu"), Some(&Quantity("8".into())));
         assert_eq!(
             c.command.as_ref().unwrap().join(" "),
-            format!("primus bench --plan team/p --backend simulate --report-to team/{report}")
+            format!(
+                "primus bench --plan team/p --backend simulate --report-to team/{report} --finalists 5"
+            ),
+            "the plan's topK (default 5) finalists are timed too"
         );
         let all = c.env.as_ref().unwrap();
         let token = all.iter().find(|e| e.name == TOKEN_ENV).unwrap();
