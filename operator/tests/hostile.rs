@@ -139,7 +139,13 @@ fn report_bases(catalog: &Catalog) -> Vec<(Plan, Value)> {
     .map(|text| {
         let spec: TrainingPlanSpec = serde_json::from_str(text).expect("a base plan");
         let plan = choose::validate(&spec, "hostile", catalog).expect("a valid base plan");
-        let report = primus_oracle::bench::simulate::simulate(&plan, Default::default());
+        // With the kernels of its finalists, as the operator's benchmark pod times them.
+        let finalists = primus_oracle::calibrate::finalists::analytic_finalists(&plan, 3, None);
+        let report = primus_oracle::bench::simulate::simulate_with_finalists(
+            &plan,
+            &finalists,
+            Default::default(),
+        );
         let value = serde_json::to_value(&report).expect("a report serializes");
         (plan, value)
     })

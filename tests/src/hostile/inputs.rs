@@ -689,6 +689,8 @@ pub const REPORT_FIELDS: &[(&str, Kind)] = &[
     ("measuredLayout.ep", Kind::Num),
     ("measuredLayout.pipelineLayout", Kind::Layout),
     ("ops", Kind::Deep),
+    ("finalists", Kind::Deep),
+    ("finalists", Kind::Words),
 ];
 
 /// One edit of one list item: (index, field, value).
