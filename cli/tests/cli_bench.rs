@@ -144,7 +144,10 @@ fn finalists_are_timed_at_their_own_shapes_and_bounded() {
         .get_output()
         .clone();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("finalist(s) of the analytic search: "), "{err}");
+    assert!(
+        err.contains("finalist(s) of the analytic search: "),
+        "{err}"
+    );
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let finalists = r["finalists"].as_array().expect("finalists");

@@ -79,7 +79,7 @@ fn primus_job_of(exp: &str, name: &str, overrides: &[String], env: &[(&str, &str
         "spec": {"nprocPerNode": "8", "pytorchReplicaSpecs": {"Master": {"replicas": 1,
             "template": {"spec": {
                 "nodeSelector": {"amd.com/gpu.product-name": "AMD_Instinct_MI300X"},
-                "containers": [{"name": "pytorch", "image": "docker.io/rocm/primus:v26.3",
+                "containers": [{"name": "pytorch", "image": "docker.io/rocm/primus:v26.2",
                     "command": ["primus-cli"], "args": args, "env": env,
                     "resources": {"limits": {"amd.com/gpu": 8}}}]}}}}}
     })
@@ -272,7 +272,7 @@ fn a_primus_job_the_writer_emits_derives_back_to_the_plans_layout() {
         let job = pytorchjob("p", Some("team-a"), &s, &l, None, &opts).unwrap();
         let mut v = serde_json::to_value(&job).unwrap();
         let c = &v["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0];
-        assert_eq!(c["image"], "docker.io/rocm/primus:v26.3");
+        assert_eq!(c["image"], "docker.io/rocm/primus:v26.2");
         let cmd: Vec<&str> = c["command"]
             .as_array()
             .unwrap()

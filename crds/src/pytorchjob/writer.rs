@@ -80,10 +80,12 @@ pub const DEFAULT_EXTRA_ARGS: &[&str] = &[
     "1",
 ];
 
-/// Default image of a Primus job without a template (AMD's Primus release image).
-pub const PRIMUS_IMAGE: &str = "docker.io/rocm/primus:v26.3";
+/// Default image of a Primus job without a template: AMD's Primus release image, the tag the
+/// ROCm blog's Primus tuning-agent runs used (docs/mixtral-case-study.md).
+pub const PRIMUS_IMAGE: &str = "docker.io/rocm/primus:v26.2";
 /// Default experiment of a Primus job: Primus's generic Megatron pretraining experiment (its
-/// model and layout come from the overrides).
+/// model and layout come from the overrides; AMD-AGI/Primus `examples/megatron/exp_pretrain.yaml`,
+/// present at commit 116c196).
 pub const PRIMUS_EXPERIMENT: &str = "examples/megatron/exp_pretrain.yaml";
 /// Overrides of the default (template-less) Primus container besides the layout and model: a
 /// short run on mock data.

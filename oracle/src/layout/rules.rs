@@ -64,18 +64,20 @@ impl Layout {
     /// Check every legality rule against the scenario; the first broken rule. The sizes are
     /// bounded first (rule `within-bounds`), so every rule after computes without overflow.
     pub fn check(&self, s: &Scenario) -> Result<(), LayoutError> {
+        self.check_sizes()?;
         self.check_structure(s)?;
         self.check_moe_options(s)?;
         self.check_memory_options(s)?;
         Ok(())
     }
 
-    /// The rules of the parallel structure (sizes, grid, pipeline, experts, sequence, batch,
-    /// schedule, recompute, sharding), which come first in [`Layout::check`] and do not look
-    /// at the MoE execution options nor the memory options: layouts that differ only in those
-    /// share this verdict (the tuner checks it once for them).
+    /// The rules of the parallel structure (grid, pipeline, experts, sequence, batch, schedule,
+    /// recompute, sharding) of a layout within its bounds, which come first in
+    /// [`Layout::check`] after the bounds and do not look at the MoE execution options nor the
+    /// memory options: layouts that differ only in those share this verdict (the tuner checks
+    /// it once for them, on layouts it generates within the bounds of a bounded plan; every
+    /// layout it keeps then passes [`Layout::check`] as a whole).
     pub fn check_structure(&self, s: &Scenario) -> Result<(), LayoutError> {
-        self.check_sizes()?;
         self.check_grid(s)?;
         self.check_tensor_parallel(s)?;
         self.check_pipeline(s)?;

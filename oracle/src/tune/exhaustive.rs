@@ -36,7 +36,7 @@ use super::seed::SeedPlanner;
 use super::space::{MoeChoice, RecomputeChoice, Structure};
 use super::trials::{Source, Trial, TrialLog};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
-use crate::layout::{ModuleSet, Recompute};
+use crate::layout::{LayoutError, ModuleSet, Recompute};
 use crate::plan::SearcherKind;
 
 /// The exhaustive searcher.
@@ -324,7 +324,7 @@ fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mb
 /// What the structures of one MoE run share during the screen: the structure rules per
 /// micro-batch size, and the memory verdicts found so far (micro-batch size, recompute choice).
 struct Shared<'a> {
-    structure_rules: &'a [Result<(), Rejection>],
+    structure_rules: &'a [Result<(), LayoutError>],
     memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), Rejection>)>,
 }
 
@@ -380,14 +380,13 @@ impl Exhaustive {
     ) -> Vec<(Stats, Vec<Candidate>, u64)> {
         let space = ctx.space;
         let s = ctx.scenario;
-        let structure_rules: Vec<Result<(), Rejection>> = space
+        let structure_rules: Vec<Result<(), LayoutError>> = space
             .micro_batch_size
             .iter()
             .map(|&mbs| {
                 space
                     .layout(&run[0], mbs, RecomputeChoice::NONE)
                     .check_structure(s)
-                    .map_err(Rejection::Rule)
             })
             .collect();
         let mut memory: Vec<(u32, RecomputeChoice, Result<(), Rejection>)> = Vec::new();
@@ -427,12 +426,14 @@ impl Exhaustive {
         let none = RecomputeChoice::NONE;
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
+            // The run's structure verdict: no layout to build, no error to copy.
+            if let Err(r) = &shared.structure_rules[i] {
+                stats.reject_rule(r, family);
+                ctx.progress.add(family, 0);
+                continue;
+            }
             let first = space.layout(st, mbs, first_choice);
-            let verdict = match &shared.structure_rules[i] {
-                Err(r) => Err(r.clone()),
-                Ok(()) => ctx.filter.rules(s, &first),
-            };
-            if let Err(r) = verdict {
+            if let Err(r) = ctx.filter.rules(s, &first) {
                 stats.reject(s, &first, &r, family);
                 ctx.progress.add(family, 0);
                 continue;

@@ -200,6 +200,17 @@ impl Stats {
         }
     }
 
+    /// Count `count` layouts that break rule `e` (no layout needed, nothing copied).
+    pub fn reject_rule(&mut self, e: &LayoutError, count: u64) {
+        self.rejected_by_rules += count;
+        match self.rules.get_mut(e.rule) {
+            Some(v) => *v += count,
+            None => {
+                self.rules.insert(e.rule.to_string(), count);
+            }
+        }
+    }
+
     /// Add another search's counters.
     pub fn merge(&mut self, o: &Stats) {
         self.evaluated += o.evaluated;
