@@ -107,6 +107,24 @@ pub fn plan_from_text(text: &str, source: &str, catalog: &Catalog) -> Result<Pla
 }
 
 /// Serialize to pretty JSON on stdout.
+/// What a scenario runs, in the words every table's headline uses: `MODEL on N x GPU
+/// (PRECISION), seq S, global batch B`.
+pub fn scenario_headline(s: &primus_oracle::scenario::Scenario) -> String {
+    let model = if s.model.name.is_empty() {
+        "model"
+    } else {
+        &s.model.name
+    };
+    format!(
+        "{model} on {} x {} ({}), seq {}, global batch {}",
+        s.cluster.gpus,
+        s.hardware.name,
+        s.training.precision.as_str(),
+        s.training.seq_length,
+        s.training.global_batch_size,
+    )
+}
+
 pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
     let s = serde_json::to_string_pretty(value)
         .map_err(|e| CliError::Failed(format!("JSON output: {e}")))?;

@@ -43,18 +43,9 @@ pub fn run(args: &Args) -> Result<(), CliError> {
         Output::Table => {
             let s = &p.scenario;
             println!(
-                "{}: {} on {} x {} ({}), seq {}, global batch {}, {} micro-batches per step",
+                "{}: {}, {} micro-batches per step",
                 p.name,
-                if s.model.name.is_empty() {
-                    "model"
-                } else {
-                    &s.model.name
-                },
-                s.cluster.gpus,
-                s.hardware.name,
-                s.training.precision.as_str(),
-                s.training.seq_length,
-                s.training.global_batch_size,
+                crate::scenario_headline(s),
                 layout.num_microbatches(s),
             );
             println!(

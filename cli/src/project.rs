@@ -187,20 +187,7 @@ fn print_projection_table(
     calibrated: Option<(&CalibratedTimer, &Coverage)>,
 ) {
     let s = &p.scenario;
-    println!(
-        "{}: {} on {} x {} ({}), seq {}, global batch {}",
-        p.name,
-        if s.model.name.is_empty() {
-            "model"
-        } else {
-            &s.model.name
-        },
-        s.cluster.gpus,
-        s.hardware.name,
-        s.training.precision.as_str(),
-        s.training.seq_length,
-        s.training.global_batch_size,
-    );
+    println!("{}: {}", p.name, crate::scenario_headline(s));
     println!(
         "layout: {} (dp {}, {} micro-batches per step)",
         layout.label(),

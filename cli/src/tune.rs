@@ -346,18 +346,9 @@ fn report_header(
     use std::fmt::Write as _;
     let _ = writeln!(
         out,
-        "{name}: {} tune of {} on {} x {} ({}), seq {}, global batch {}",
+        "{name}: {} tune of {}",
         r.searcher.as_str(),
-        if s.model.name.is_empty() {
-            "model"
-        } else {
-            &s.model.name
-        },
-        s.cluster.gpus,
-        s.hardware.name,
-        s.training.precision.as_str(),
-        s.training.seq_length,
-        s.training.global_batch_size,
+        crate::scenario_headline(s)
     );
     let _ = writeln!(
         out,

@@ -229,63 +229,19 @@ pub struct SelfSigned {
     pub key_pem: String,
 }
 
-fn this_year() -> i32 {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    1970 + (secs / 31_556_952) as i32
-}
-
 /// Generate a CA and a serving certificate for `sans` (DNS names or IP addresses), valid from
-/// the start of last year for `years` years (ECDSA P-256).
+/// an hour ago ([`crate::pki::BACKDATE_SECONDS`]) for `years` years (ECDSA P-256): the CA and
+/// the certificate the self-signed mode's [`crate::pki`] makes, from the same functions.
 pub fn self_signed(sans: &[String], years: i32) -> Result<SelfSigned, TlsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-        IsCa, Issuer, KeyPair, KeyUsagePurpose, date_time_ymd,
-    };
-    let year = this_year();
-    let not_before = date_time_ymd(year - 1, 1, 1);
-    let not_after = date_time_ymd(year + years.max(1), 1, 1);
-
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "primus-webhook CA");
-    dn.push(DnType::OrganizationName, "Primus Projection");
-    ca.distinguished_name = dn;
-    ca.not_before = not_before;
-    ca.not_after = not_after;
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(sans.to_vec())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(
-        DnType::CommonName,
-        sans.first().map(String::as_str).unwrap_or("primus-webhook"),
-    );
-    params.distinguished_name = dn;
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    params.use_authority_key_identifier_extension = true;
-    params.not_before = not_before;
-    params.not_after = not_after;
-    let cert = params.signed_by(&key, &issuer)?;
+    const YEAR: u64 = 31_556_952;
+    let validity = std::time::Duration::from_secs(years.max(1) as u64 * YEAR);
+    let now = crate::pki::unix_now();
+    let ca = crate::pki::new_authority(now, validity)?;
+    let leaf = crate::pki::issue(&ca, sans, now, validity)?;
     Ok(SelfSigned {
-        ca_pem: ca_cert.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        ca_pem: ca.cert_pem,
+        cert_pem: leaf.cert_pem,
+        key_pem: leaf.key_pem,
     })
 }
 
