@@ -11,6 +11,7 @@ use primus_oracle::plan::{Plan, SearcherKind};
 use primus_oracle::profiles::Catalog;
 use primus_oracle::report::{Backend, BenchmarkResults};
 use primus_oracle::tune::agent::AgentSearcher;
+use primus_oracle::tune::trials::TrialSummary;
 use primus_oracle::tune::{self, Candidate, TuneOptions, TuneResult};
 use primus_oracle::units::GIB;
 use primus_runtime::agent::ChatCompletions;
@@ -247,7 +248,11 @@ pub fn choose_within(
             rejected_by_memory: result.rejected_by_memory,
             rejected_by_rules: result.rejected_by_rules,
             seconds: result.seconds,
-            trials: Some(result.trial_summary.clone()),
+            trials: Some(
+                ranked
+                    .trials
+                    .unwrap_or_else(|| result.trial_summary.clone()),
+            ),
             explanation: result
                 .explanation
                 .as_ref()
@@ -267,6 +272,8 @@ struct Ranked {
     new_first: Option<Candidate>,
     /// What the measured kernels did (with a report).
     finalists: Option<FinalistsSummary>,
+    /// The trial summary with the measured finalists as `benchmark` trials (with a report).
+    trials: Option<TrialSummary>,
 }
 
 /// The tuner's best layouts, best first: with a benchmark report, re-ranked by the kernels
@@ -281,6 +288,7 @@ fn ranked(plan: &Plan, report: Option<&BenchmarkResults>, result: &TuneResult) -
             summaries: top.iter().map(|c| summary(c, false, false)).collect(),
             new_first: None,
             finalists: None,
+            trials: None,
         };
     };
     let ranking = finalists::rank(plan, report, &top);
@@ -311,6 +319,7 @@ fn ranked(plan: &Plan, report: Option<&BenchmarkResults>, result: &TuneResult) -
             order_changed: ranking.order_changed(),
             change,
         }),
+        trials: Some(ranking.trial_summary(result)),
     }
 }
 
@@ -508,6 +517,14 @@ mod tests {
         let tuned = choose(&plan, Some(&report)).unwrap();
         let f = tuned.search.finalists.clone().unwrap();
         assert!(!f.order_changed && f.change.is_empty());
+        // The measured finalists are trials of source `benchmark` in the summary.
+        let trials = tuned.search.trials.clone().unwrap();
+        let bench = trials
+            .by_source
+            .iter()
+            .find(|s| s.source == "benchmark")
+            .expect("benchmark trials");
+        assert_eq!(bench.trials, u64::from(f.measured));
         assert_eq!(f.finalists as usize, 1 + tuned.candidates.len());
         // The tuner's best runs its kernels 1.6x slower at its own shapes than modelled.
         let best = primus_oracle::bench::shapes_key(&plan.with_layout(tuned.chosen.layout.clone()));

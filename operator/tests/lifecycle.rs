@@ -203,6 +203,18 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
         chosen.measured_kernels,
         "the chosen layout's shapes were timed"
     );
+    // ... and are the trials of source `benchmark` in the status's trial summary.
+    let trials = st
+        .search
+        .as_ref()
+        .and_then(|s| s.trials.clone())
+        .expect("status.search.trials");
+    let bench = trials
+        .by_source
+        .iter()
+        .find(|s| s.source == "benchmark")
+        .expect("benchmark trials");
+    assert_eq!(bench.trials, u64::from(f.measured));
     assert!(
         st.search
             .as_ref()

@@ -13,7 +13,8 @@ use crate::layout::Layout;
 use crate::plan::Plan;
 use crate::projection::project_with;
 use crate::report::BenchmarkResults;
-use crate::tune::Candidate;
+use crate::tune::trials::{Source, Trial, TrialLog, TrialSummary};
+use crate::tune::{Candidate, TuneResult};
 
 /// One finalist after ranking.
 #[derive(Debug, Clone)]
@@ -36,6 +37,23 @@ impl Ranking {
     /// Finalists projected with their own measured kernels.
     pub fn measured(&self) -> usize {
         self.finalists.iter().filter(|f| f.measured).count()
+    }
+
+    /// The search's trial summary with the finalists ranked by measured kernels added as
+    /// trials of source `benchmark` (after the search's own).
+    pub fn trial_summary(&self, result: &TuneResult) -> TrialSummary {
+        let mut log = TrialLog {
+            trials: result.trials.clone(),
+            dropped: result.trial_summary.dropped,
+        };
+        for f in self.finalists.iter().filter(|f| f.measured) {
+            log.push(Trial::scored(
+                Source::Benchmark,
+                &f.candidate.layout,
+                f.candidate.tokens_per_second(),
+            ));
+        }
+        TrialSummary::of(&log.finish(), result.agent.as_ref())
     }
 
     /// Whether the measured kernels changed the tuner's order.
