@@ -320,6 +320,20 @@ fn parse_template(template: Option<&Value>) -> Result<Template, FieldError> {
     })
 }
 
+/// A template that is a PyTorchJob's (its replica specs or process count) cannot be a
+/// TrainJob's: refused rather than carried along as unknown fields.
+fn not_a_pytorchjob(t: &Template) -> Result<(), FieldError> {
+    for key in ["pytorchReplicaSpecs", "nprocPerNode", "runPolicy"] {
+        if t.spec.extra.contains_key(key) {
+            return Err(FieldError::new(
+                format!("{}.{key}", t.spec_at),
+                "is a PyTorchJob field: spec.job.kind is TrainJob, whose template is a TrainJob or its spec (trainer, runtimeRef)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The runtime reference: the plan's `spec.job.runtimeRef`, else the template's, else
 /// Trainer's `torch-distributed` ClusterTrainingRuntime.
 fn runtime_ref(
@@ -372,6 +386,7 @@ pub fn trainjob(
     opts: &JobOptions,
 ) -> Result<TrainJob, FieldError> {
     let t = parse_template(template)?;
+    not_a_pytorchjob(&t)?;
     let nodes = s.cluster.nodes().max(1);
     let nproc = s.cluster.gpus.min(s.cluster.gpus_per_node).max(1);
     let mut spec = t.spec;

@@ -215,6 +215,15 @@ fn bad_job_settings_name_the_field() {
             json!({"spec": {"runtimeRef": {"name": "r", "kind": "Pod"}}}),
             "spec.job.template.spec.runtimeRef.kind",
         ),
+        // A PyTorchJob's template (its spec alone, or whole without its kind).
+        (
+            json!({"pytorchReplicaSpecs": {"Worker": {}}}),
+            "spec.job.template.pytorchReplicaSpecs",
+        ),
+        (
+            json!({"spec": {"nprocPerNode": "8"}}),
+            "spec.job.template.spec.nprocPerNode",
+        ),
     ];
     for (template, field) in cases {
         let spec = JobSpec {
