@@ -287,15 +287,18 @@ fn cannot_win(ctx: &Context<'_>, known: f64, upper: Option<f64>, task: &Task) ->
 }
 
 /// Whether another flex backend of the space beats this structure's at this micro-batch size
-/// (same EP overlap setting): the flex backends hold the same memory and differ only in the
-/// dispatch and combine time, which enters the forward and the backward of every MoE layer
-/// alike, so the one with the larger throughput bound is faster for every pipeline and
-/// recomputation (ties go to the backend listed first).
+/// (EP overlap off): the flex backends hold the same memory and differ only in the dispatch
+/// and combine time, which enters the forward and the backward of every MoE layer alike, so
+/// the one with the larger throughput bound is faster for every pipeline and recomputation
+/// (ties go to the backend listed first). With EP overlap the dispatch hides behind other
+/// work to a degree the bound does not see, and the order can flip (Qwen3-30B-A3B on 16 H100,
+/// TP2 EP8 MBS2: without overlap DeepEP 8,181 > HybridEP 7,347 tok/s/GPU, with it HybridEP
+/// 9,731 > DeepEP 9,332): no pruning then.
 fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mbs: u32) -> bool {
     let Some(choice) = st.moe else {
         return false;
     };
-    if choice.dispatch.parts().1.is_none() {
+    if choice.dispatch.parts().1.is_none() || choice.ep_overlap {
         return false;
     }
     let space = ctx.space;
