@@ -363,7 +363,19 @@ pub fn apply(
     };
     let Some(m) = secret else {
         return match (step, remembered) {
-            (Step::Restore, Some(r)) => Ok(r.clone()),
+            // A remembered CA whose overlap is over stays retired (the replica may remember the
+            // Secret from before another one retired it): restoring it would trust it again and
+            // retire it a second time.
+            (Step::Restore, Some(r)) => {
+                let mut r = r.clone();
+                if r.previous
+                    .as_ref()
+                    .is_some_and(|prev| now - prev.since >= secs(p.overlap))
+                {
+                    r.previous = None;
+                }
+                Ok(r)
+            }
             _ => fresh(),
         };
     };
@@ -475,6 +487,30 @@ mod tests {
         // Serving certificates: renewed when a third of 300 s is left (at 600 the CA is staged
         // first, the certificate follows a second later; from 660 the new CA signs).
         assert_eq!(at(Step::RenewServing), [200, 400, 601, 860]);
+    }
+
+    #[test]
+    fn a_restore_from_before_a_retire_keeps_the_old_ca_retired() {
+        let sans = sans();
+        let t0 = 1_800_000_000;
+        let want = |now| Want {
+            policy: POLICY,
+            sans: &sans,
+            now,
+        };
+        // A rotation promoted at t0 + 10: the old CA is trusted until its overlap ends.
+        let m = apply(Step::Create, None, None, &want(t0)).unwrap();
+        let staged = apply(Step::StageCa, Some(&m), None, &want(t0)).unwrap();
+        let promoted = apply(Step::PromoteCa, Some(&staged), None, &want(t0 + 10)).unwrap();
+        assert!(promoted.previous.is_some());
+        // Within the overlap a restore keeps it; after, the Secret comes back without it, so
+        // nothing is retired twice.
+        let within = apply(Step::Restore, None, Some(&promoted), &want(t0 + 20)).unwrap();
+        assert!(within.previous.is_some());
+        let after = apply(Step::Restore, None, Some(&promoted), &want(t0 + 80)).unwrap();
+        assert!(after.previous.is_none());
+        assert_eq!(after.signer, promoted.signer);
+        assert_eq!(next_step(Some(&after), None, &want(t0 + 80), true), None);
     }
 
     #[test]
