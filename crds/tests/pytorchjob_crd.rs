@@ -2,8 +2,10 @@
 //! what the test bed installs): every field the CRD declares is a named field of the types (none
 //! lands in an `extra` map), and what the types write passes the CRD's structural schema.
 
+mod common;
+
 use primus_crds::PyTorchJob;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// The CRD's `openAPIV3Schema`.
 fn crd_schema() -> Value {
@@ -26,33 +28,16 @@ fn crd_schema() -> Value {
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 
-/// A value of every declared property of `schema` (recursively), as the CRD allows it.
-fn sample(schema: &Value) -> Value {
-    if let Some(props) = schema["properties"].as_object() {
-        let m: Map<String, Value> = props.iter().map(|(k, s)| (k.clone(), sample(s))).collect();
-        return Value::Object(m);
-    }
-    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
-        return first.clone();
-    }
-    match schema["type"].as_str() {
-        Some("integer") => json!(1),
-        Some("boolean") => json!(true),
-        Some("string") => json!("8"),
-        Some("array") => json!([]),
-        _ => json!({}),
-    }
-}
-
 #[test]
 fn every_field_the_crd_declares_is_typed() {
     let schema = crd_schema();
-    let mut doc = sample(&schema);
+    let mut doc = common::sample(&schema, usize::MAX);
     doc["apiVersion"] = json!("kubeflow.org/v1");
     doc["kind"] = json!("PyTorchJob");
     doc["metadata"] = json!({"name": "j"});
-    let replica = sample(
+    let replica = common::sample(
         &schema["properties"]["spec"]["properties"]["pytorchReplicaSpecs"]["additionalProperties"],
+        usize::MAX,
     );
     doc["spec"]["pytorchReplicaSpecs"] = json!({"Master": replica, "Worker": replica});
     let job: PyTorchJob = serde_json::from_value(doc.clone()).expect("the sample deserializes");

@@ -5,50 +5,19 @@
 
 mod common;
 
+use common::{layout, scenario};
+
 use primus_crds::annotations as annotation;
 use primus_crds::job::{self, Job};
 use primus_crds::pytorchjob::JobOptions;
 use primus_crds::training_plan::{JobKind, JobSpec, Launcher, RuntimeRef};
 use primus_crds::trainjob::TrainJob;
-use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::layout::Layout;
 use primus_oracle::megatron::MegatronArgs;
-use primus_oracle::precision::Precision;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
 use serde_json::{Value, json};
 
 const CRD: &str = "trainer.kubeflow.org_trainjobs.yaml";
-
-fn scenario(gpu: &str, gpus: u32) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    let hardware = c.hardware(gpu).unwrap().clone();
-    Scenario {
-        model: c.model("llama3.1-70b").unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: hardware.gpus_per_node,
-        },
-        hardware,
-        training: Training {
-            seq_length: 8192,
-            global_batch_size: 128,
-            precision: Precision::Bf16,
-        },
-    }
-}
-
-fn layout() -> Layout {
-    Layout {
-        tp: 4,
-        pp: 4,
-        vpp: 5,
-        micro_batch_size: 2,
-        recompute: Recompute::Full,
-        recompute_layers: 3,
-        schedule: Schedule::Interleaved,
-        ..Layout::default()
-    }
-}
 
 /// The TrainJob of `job` for layout `l`, as JSON.
 fn write(s: &Scenario, l: &Layout, job: &JobSpec, opts: &JobOptions) -> Result<Value, String> {
@@ -246,31 +215,10 @@ fn bad_job_settings_name_the_field() {
     assert!(e.to_string().starts_with("spec.job.runtimeRef"), "{e}");
 }
 
-/// A value of every declared property of `schema` (recursively), as the CRD allows it.
-fn sample(schema: &Value, depth: usize) -> Value {
-    if depth > 3 {
-        return json!({});
-    }
-    if let Some(props) = schema["properties"].as_object() {
-        let m = props
-            .iter()
-            .map(|(k, s)| (k.clone(), sample(s, depth + 1)))
-            .collect();
-        return Value::Object(m);
-    }
-    match schema["type"].as_str() {
-        Some("integer") => json!(1),
-        Some("boolean") => json!(true),
-        Some("string") => json!("8"),
-        Some("array") => json!([]),
-        _ => json!({}),
-    }
-}
-
 #[test]
 fn the_fields_the_types_name_round_trip_and_the_rest_is_kept() {
     let schema = common::crd_schema(CRD);
-    let mut doc = sample(&schema, 0);
+    let mut doc = common::sample(&schema, 4);
     doc["metadata"] = json!({"name": "j"});
     doc["spec"]["trainer"]["env"] = json!([{"name": "A", "value": "b"}]);
     doc["spec"]["trainer"]["resourcesPerNode"] = json!({"limits": {"nvidia.com/gpu": "8"}});

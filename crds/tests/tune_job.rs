@@ -7,12 +7,9 @@
 use primus_crds::annotations as annotation;
 use primus_crds::pytorchjob::JobOptions;
 use primus_oracle::FieldError;
-use primus_oracle::hardware::HardwareProfile;
-use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::layout::{Layout, Recompute};
 use primus_oracle::megatron::MegatronArgs;
-use primus_oracle::precision::Precision;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::{Scenario, Training};
 use serde_json::{Value, json};
 
 /// The writer, its job as JSON.
@@ -28,38 +25,9 @@ fn pytorchjob(
         .map(|j| serde_json::to_value(j).expect("a job serializes"))
 }
 
-fn scenario(gpu: &str, gpus: u32) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    let hardware: HardwareProfile = c.hardware(gpu).unwrap().clone();
-    Scenario {
-        model: c.model("llama3.1-70b").unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: hardware.gpus_per_node,
-        },
-        hardware,
-        training: Training {
-            seq_length: 8192,
-            global_batch_size: 128,
-            precision: Precision::Bf16,
-        },
-    }
-}
-
-fn layout() -> Layout {
-    Layout {
-        tp: 4,
-        pp: 4,
-        vpp: 5,
-        micro_batch_size: 2,
-        recompute: Recompute::Full,
-        recompute_layers: 3,
-        schedule: Schedule::Interleaved,
-        ..Layout::default()
-    }
-}
-
 mod common;
+
+use common::{layout, scenario};
 
 /// The CRD's `openAPIV3Schema`.
 fn crd_schema() -> Value {

@@ -1,7 +1,72 @@
-//! Shared by the writer tests: a vendored CRD's schema and the structural check the API
-//! server applies to an object.
+//! Shared by the writer tests: a vendored CRD's schema, a sample of every field it declares,
+//! the structural check the API server applies to an object, and the scenario and layout the
+//! writers are tried with.
 
-use serde_json::{Value, json};
+#![allow(dead_code)]
+
+use primus_oracle::layout::{Layout, Recompute, Schedule};
+use primus_oracle::precision::Precision;
+use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
+use serde_json::{Map, Value, json};
+
+/// Llama 3.1 70B on `gpus` GPUs of profile `gpu`, seq 8192, global batch 128, BF16.
+pub fn scenario(gpu: &str, gpus: u32) -> Scenario {
+    let c = Catalog::builtin().unwrap();
+    let hardware = c.hardware(gpu).unwrap().clone();
+    Scenario {
+        model: c.model("llama3.1-70b").unwrap().clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node: hardware.gpus_per_node,
+        },
+        hardware,
+        training: Training {
+            seq_length: 8192,
+            global_batch_size: 128,
+            precision: Precision::Bf16,
+        },
+    }
+}
+
+/// TP4 PP4 VPP5, micro-batch 2, full recompute of 3 layers, interleaved.
+pub fn layout() -> Layout {
+    Layout {
+        tp: 4,
+        pp: 4,
+        vpp: 5,
+        micro_batch_size: 2,
+        recompute: Recompute::Full,
+        recompute_layers: 3,
+        schedule: Schedule::Interleaved,
+        ..Layout::default()
+    }
+}
+
+/// A value of every property `schema` declares, `depth` levels deep at most (deeper objects
+/// are empty), as the CRD allows it (an enum's first value).
+pub fn sample(schema: &Value, depth: usize) -> Value {
+    if depth == 0 {
+        return json!({});
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        let m: Map<String, Value> = props
+            .iter()
+            .map(|(k, s)| (k.clone(), sample(s, depth - 1)))
+            .collect();
+        return Value::Object(m);
+    }
+    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+        return first.clone();
+    }
+    match schema["type"].as_str() {
+        Some("integer") => json!(1),
+        Some("boolean") => json!(true),
+        Some("string") => json!("8"),
+        Some("array") => json!([]),
+        _ => json!({}),
+    }
+}
 
 /// The `openAPIV3Schema` of the vendored CRD `crds/thirdparty/{file}`.
 pub fn crd_schema(file: &str) -> Value {
