@@ -456,17 +456,12 @@ fn a_benchmark_pod_no_node_takes_times_out_and_counts_as_an_attempt() {
     let ns = tb.namespace("op-timeout");
     let k = tb.kubectl();
     // No node agent: nothing ever runs the pods (as with no GPU node of the kind).
-    let mut op = Operator::start(
+    let op = Operator::start_leading(
         &tb,
         "op-timeout",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec!["--bench-grace-seconds".into(), "0.5".into()],
-        },
+        &ns.name,
+        vec!["--bench-grace-seconds".into(), "0.5".into()],
     );
-    op.wait_leading(Duration::from_secs(60));
     let rt = runtime();
     let client = rt.block_on(tb.client());
     let yaml = plan_yaml(

@@ -26,17 +26,7 @@ fn apply_benchmark_tune_job_ready_report_drift_and_garbage_collection() {
     let ns = tb.namespace("op-lifecycle");
     let k = tb.kubectl();
     let agent = NodeAgent::start(&tb, &ns.name, BENCH_PODS);
-    let mut op = Operator::start(
-        &tb,
-        "op-a",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec![],
-        },
-    );
-    op.wait_leading(Duration::from_secs(60));
+    let op = Operator::start_leading(&tb, "op-a", &ns.name, vec![]);
     let rt = runtime();
     let client = rt.block_on(tb.client());
 
@@ -488,17 +478,7 @@ fn a_matching_recent_report_is_reused_instead_of_benchmarking_again() {
     let ns = tb.namespace("op-reuse");
     let k = tb.kubectl();
     let agent = NodeAgent::start(&tb, &ns.name, BENCH_PODS);
-    let mut op = Operator::start(
-        &tb,
-        "op-reuse",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec![],
-        },
-    );
-    op.wait_leading(Duration::from_secs(60));
+    let _op = Operator::start_leading(&tb, "op-reuse", &ns.name, vec![]);
     let rt = runtime();
     let client = rt.block_on(tb.client());
     let ready = |name: &'static str| {
@@ -595,22 +575,17 @@ fn drift_from_a_prometheus_query() {
     let addr = listener.local_addr().unwrap();
     rt.spawn(warp::serve(route).incoming(listener).run());
 
-    let mut op = Operator::start(
+    let op = Operator::start_leading(
         &tb,
         "op-prom",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec![
-                "--drift-interval-seconds".into(),
-                "1".into(),
-                "--drift-url-allow".into(),
-                format!("http://127.0.0.1:{}", addr.port()),
-            ],
-        },
+        &ns.name,
+        vec![
+            "--drift-interval-seconds".into(),
+            "1".into(),
+            "--drift-url-allow".into(),
+            format!("http://127.0.0.1:{}", addr.port()),
+        ],
     );
-    op.wait_leading(Duration::from_secs(60));
     let yaml = format!(
         "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata:\n  name: prom\nspec:\n  model: {{preset: llama3.1-8b}}\n  cluster: {{gpu: h100-sxm, gpus: 8}}\n  training: {{seqLength: 4096, globalBatchSize: 64}}\n  tuning: {{searcher: exhaustive, allowed: {{tp: [1, 2], pp: [1]}}}}\n  job: {{autoSubmit: false}}\n  drift:\n    tolerance: 0.2\n    prometheus: {{url: 'http://{addr}', query: 'avg(megatron_tokens_per_second_per_gpu{{job=\"train\"}})'}}\n"
     );

@@ -63,17 +63,7 @@ fn a_queue_controllers_suspend_and_resume_are_left_alone() {
     ensure_pytorchjob_crd(&tb);
     let ns = tb.namespace("op-queue");
     let k = tb.kubectl();
-    let mut op = Operator::start(
-        &tb,
-        "op-queue",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec![],
-        },
-    );
-    op.wait_leading(Duration::from_secs(60));
+    let op = Operator::start_leading(&tb, "op-queue", &ns.name, vec![]);
     let rt = runtime();
     let client = rt.block_on(tb.client());
     let jobs = jobs_api(&client, &ns.name);

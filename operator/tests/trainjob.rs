@@ -54,17 +54,7 @@ fn a_plan_asking_for_a_trainjob_gets_one_with_its_layout() {
     ensure_trainjob_crd(&tb);
     let ns = tb.namespace("op-trainjob");
     let k = tb.kubectl();
-    let mut op = Operator::start(
-        &tb,
-        "op-trainjob",
-        OperatorArgs {
-            namespace: &ns.name,
-            lease: "primus-operator-test",
-            kubeconfig: None,
-            extra: vec![],
-        },
-    );
-    op.wait_leading(Duration::from_secs(60));
+    let op = Operator::start_leading(&tb, "op-trainjob", &ns.name, vec![]);
     let rt = runtime();
     let client = rt.block_on(tb.client());
     let jobs = trainjobs(&client, &ns.name);

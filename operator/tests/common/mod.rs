@@ -160,6 +160,28 @@ pub struct OperatorArgs<'a> {
 }
 
 impl Operator {
+    /// [`Operator::start`] for `namespace` with the tests' lease, this process's kubeconfig and
+    /// `extra` flags, once it leads (within 60 s).
+    pub fn start_leading(
+        tb: &TestBed,
+        name: &str,
+        namespace: &str,
+        extra: Vec<String>,
+    ) -> Operator {
+        let mut op = Operator::start(
+            tb,
+            name,
+            OperatorArgs {
+                namespace,
+                lease: "primus-operator-test",
+                kubeconfig: None,
+                extra,
+            },
+        );
+        op.wait_leading(Duration::from_secs(60));
+        op
+    }
+
     /// Start `primus-operator` for `namespace` with a short lease (fast failover in tests).
     pub fn start(tb: &TestBed, name: &str, args: OperatorArgs<'_>) -> Operator {
         let port = free_port();
