@@ -34,20 +34,20 @@ fn perm(group: &str, resource: &str, verb: &str) -> Perm {
     (group.to_string(), resource.to_string(), verb.to_string())
 }
 
-/// (group, resource) of a typed `Api<T>`.
-fn resource_of_type(t: &str) -> Option<(&'static str, &'static str)> {
+/// (group, resource) of a typed `Api<T>` (one pair, as a slice like [`resource_of_fn`]'s).
+fn resource_of_type(t: &str) -> Option<&'static [(&'static str, &'static str)]> {
     Some(match t {
         // The operator's plans, decoded object by object (operator/src/decoded.rs).
-        "TrainingPlan" | "PlanObject" => ("primus.dev", "trainingplans"),
-        "BenchmarkReport" => ("primus.dev", "benchmarkreports"),
-        "Pod" => ("", "pods"),
-        "Secret" => ("", "secrets"),
-        "Lease" => ("coordination.k8s.io", "leases"),
-        "ValidatingWebhookConfiguration" => (
+        "TrainingPlan" | "PlanObject" => &[("primus.dev", "trainingplans")],
+        "BenchmarkReport" => &[("primus.dev", "benchmarkreports")],
+        "Pod" => &[("", "pods")],
+        "Secret" => &[("", "secrets")],
+        "Lease" => &[("coordination.k8s.io", "leases")],
+        "ValidatingWebhookConfiguration" => &[(
             "admissionregistration.k8s.io",
             "validatingwebhookconfigurations",
-        ),
-        "Event" => ("events.k8s.io", "events"),
+        )],
+        "Event" => &[("events.k8s.io", "events")],
         _ => return None,
     })
 }
@@ -227,7 +227,7 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             }
         } else {
             match resource_of_type(t) {
-                Some(r) => std::slice::from_ref(Box::leak(Box::new(r))),
+                Some(r) => r,
                 None => {
                     return Err(err(
                         pos,
@@ -364,6 +364,7 @@ pub fn scan_source(path: &str, raw: &str) -> Result<FileScan, String> {
             .rfind(&decl)
             .and_then(|i| ident_at(&src, i + decl.len()))
             .and_then(resource_of_type)
+            .and_then(|r| r.first().copied())
             .ok_or_else(|| {
                 err(
                     pos,
