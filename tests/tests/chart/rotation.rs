@@ -228,7 +228,9 @@ fn probe_replicas(
                 .expect("curl");
             tally.probes.fetch_add(1, Ordering::Relaxed);
             let answer: Option<Value> = serde_json::from_slice(&out.stdout).ok();
-            let allowed = answer.as_ref().and_then(|a| a["response"]["allowed"].as_bool());
+            let allowed = answer
+                .as_ref()
+                .and_then(|a| a["response"]["allowed"].as_bool());
             if !out.status.success() || allowed != Some(true) {
                 tally.fail(
                     start,
