@@ -22,7 +22,7 @@ pub use moe::{
 };
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};
-pub use rules::{LayoutError, MAX_CAPACITY_FACTOR};
+pub use rules::{Broken, LayoutError, MAX_CAPACITY_FACTOR, RuleId};
 
 use memory_options::{
     full_fraction, is_false, is_fp32, is_full_fraction, is_megatron_dropout, is_zero,
@@ -352,7 +352,13 @@ impl Bounded for Layout {
             return Err(FieldError::new(bounds::path(at, "pipelineLayout"), e));
         }
         bounds::check_rows(self, at, Self::BOUNDS)?;
-        bounds::check(&self.cuda_graph, &bounds::path(at, "cudaGraph"))
+        // The path is built only for an error: this runs for every layout the tuner checks.
+        bounds::check(&self.cuda_graph, "").map_err(|e| {
+            FieldError::new(
+                bounds::path(&bounds::path(at, "cudaGraph"), &e.field),
+                e.message,
+            )
+        })
     }
 }
 

@@ -148,6 +148,11 @@ pub fn peak_bytes(s: &Scenario, l: &Layout) -> (f64, u32) {
     peak_bytes_with(s, l, &MemoryOptions::default())
 }
 
+/// The memory of one pipeline stage (`stage` < pp) of [`estimate`], computed alone.
+pub fn stage_memory(s: &Scenario, l: &Layout, stage: u32) -> StageMemory {
+    Ctx::new(s, l, &MemoryOptions::default()).stage(stage.min(l.pp.max(1) - 1))
+}
+
 /// [`estimate`] with explicit options.
 pub fn estimate_with(s: &Scenario, l: &Layout, opts: &MemoryOptions) -> MemoryReport {
     let ctx = Ctx::new(s, l, opts);

@@ -212,6 +212,8 @@ pub struct Simulator {
     pub trace: Option<Vec<Event>>,
     /// Passes simulated one by one at most (0: [`MAX_PASSES`]).
     budget: u64,
+    /// Plans built before and put aside, most recent last.
+    stash: Vec<plan::StashedPlan>,
 }
 
 impl Simulator {

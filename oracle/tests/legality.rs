@@ -844,3 +844,57 @@ fn fsdp_excludes_pipeline_and_expert_parallelism() {
     .check(&s)
     .unwrap();
 }
+
+#[test]
+fn the_tuners_rule_ids_are_the_rules_users_see() {
+    // `check_structure_rule` (the tuner's screen: the broken rule's id, no message built) and
+    // `check_structure` (what users read) run the same rules: over a grid of layouts, legal
+    // and not, both give the same verdict and the same rule, in the same order.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    for s in [
+        scenario("deepseek-v3", 1024, 4096, 8192),
+        scenario("llama3.1-70b", 96, 8192, 120),
+    ] {
+        for tp in [1, 2, 3, 8] {
+            for pp in [1, 2, 4, 16] {
+                for vpp in [1, 2, 5] {
+                    for ep in [1, 8, 64, 96] {
+                        for cp in [1, 2] {
+                            for mbs in [1, 3] {
+                                for fsdp in [false, true] {
+                                    let l = Layout {
+                                        tp,
+                                        pp,
+                                        vpp,
+                                        ep,
+                                        cp,
+                                        micro_batch_size: mbs,
+                                        fsdp,
+                                        distributed_optimizer: !fsdp,
+                                        sequence_parallel: tp > 1 && ep < 96,
+                                        schedule: if vpp > 1 {
+                                            Schedule::Interleaved
+                                        } else {
+                                            Schedule::OneFOneB
+                                        },
+                                        ..Layout::default()
+                                    };
+                                    let full = l.check_structure(&s).map_err(|e| e.rule);
+                                    let id = l.check_structure_rule(&s).map_err(|r| r.0);
+                                    assert_eq!(full, id, "{l:?}");
+                                    seen.insert(full.err().unwrap_or("legal"));
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The grid reaches legal layouts and many different rules.
+    assert!(checked > 3000, "{checked}");
+    assert!(seen.contains("legal"), "{seen:?}");
+    assert!(seen.len() >= 8, "{seen:?}");
+}

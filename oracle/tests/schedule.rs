@@ -238,6 +238,39 @@ fn the_steady_state_shortcut_is_taken_and_exact() {
     }
 }
 
+#[test]
+fn plans_put_aside_come_back_with_the_same_results() {
+    // One simulator switching between shapes (as the tuner does between candidates) keeps the
+    // plans it built; every result equals a fresh simulator's, pass waits included, and the
+    // 1F1B and interleaved plans of one (pp, m) stay apart.
+    let shapes = [
+        (Schedule::Interleaved, 4, 2, 8),
+        (Schedule::OneFOneB, 4, 1, 8),
+        (Schedule::Interleaved, 2, 3, 6),
+        (Schedule::OneFOneB, 8, 1, 24),
+        (Schedule::Interleaved, 4, 2, 8),
+        (Schedule::OneFOneB, 4, 1, 8),
+        (Schedule::OneFOneB, 8, 1, 24),
+        (Schedule::Interleaved, 2, 3, 6),
+    ];
+    let mut kept = Simulator::new();
+    for (round, &(schedule, p, v, m)) in shapes.iter().enumerate() {
+        let f: Vec<f64> = (0..p * v)
+            .map(|i| 1.0 + 0.1 * ((i + round) % 4) as f64)
+            .collect();
+        let b: Vec<f64> = f.iter().map(|x| 2.1 * x).collect();
+        let w = vec![0.0; p * v];
+        let c = costs(p, v, &f, &b, &w, 0.03);
+        let a = kept.run(schedule, &c, m).unwrap();
+        let mut fresh = Simulator::new();
+        let e = fresh.run(schedule, &c, m).unwrap();
+        assert_eq!(a, e, "shape {round}: {schedule:?} pp {p} vpp {v} m {m}");
+        for (x, y) in kept.ranks().iter().zip(fresh.ranks()) {
+            assert_eq!(x, y, "shape {round}");
+        }
+    }
+}
+
 mod extrapolation {
     use super::*;
     use proptest::prelude::*;

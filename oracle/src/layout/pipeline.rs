@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -39,8 +40,14 @@ pub struct StageSpec {
 /// syntax error instead of failing ([`PipelineLayout::error`]): an object the API server
 /// accepted always decodes, and the validator names the field
 /// ([`crate::layout::Layout::check`]).
+///
+/// Shared, not copied: the tuner clones a layout for every candidate it builds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PipelineLayout {
+pub struct PipelineLayout(Arc<Parsed>);
+
+/// A layout string as read.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Parsed {
     text: String,
     stages: Vec<StageSpec>,
     error: Option<String>,
@@ -196,8 +203,8 @@ impl PipelineLayout {
     /// Parse Megatron's layout syntax; the error says what is wrong and where.
     pub fn parse(text: &str) -> Result<PipelineLayout, String> {
         let l = PipelineLayout::read(text.to_string());
-        match l.error {
-            Some(e) => Err(e),
+        match &l.0.error {
+            Some(e) => Err(e.clone()),
             None => Ok(l),
         }
     }
@@ -217,36 +224,36 @@ impl PipelineLayout {
             Ok(s) => (s, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        PipelineLayout {
+        PipelineLayout(Arc::new(Parsed {
             text,
             stages,
             error,
-        }
+        }))
     }
 
     /// What is wrong with the text, when it is not a layout (the value then has no stages).
     pub fn error(&self) -> Option<&str> {
-        self.error.as_deref()
+        self.0.error.as_deref()
     }
 
     /// The layout string as given.
     pub fn as_str(&self) -> &str {
-        &self.text
+        &self.0.text
     }
 
     /// Virtual stages, in model order.
     pub fn stages(&self) -> &[StageSpec] {
-        &self.stages
+        &self.0.stages
     }
 
     /// Decoder layers over all stages.
     pub fn layers(&self) -> u32 {
-        self.stages.iter().map(|s| s.layers).sum()
+        self.0.stages.iter().map(|s| s.layers).sum()
     }
 
     /// MTP layers over all stages.
     pub fn mtp_layers(&self) -> u32 {
-        self.stages.iter().map(|s| s.mtp).sum()
+        self.0.stages.iter().map(|s| s.mtp).sum()
     }
 }
 
@@ -255,13 +262,13 @@ const MAX_TEXT: usize = crate::bounds::limits::LAYOUT_TEXT as usize;
 
 impl fmt::Display for PipelineLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+        f.write_str(&self.0.text)
     }
 }
 
 impl Serialize for PipelineLayout {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.text)
+        s.serialize_str(&self.0.text)
     }
 }
 
@@ -297,7 +304,7 @@ impl Layout {
     /// Virtual stages per pipeline rank: `vpp`, or what an explicit layout implies.
     pub fn chunks(&self) -> u32 {
         match &self.pipeline_layout {
-            Some(pl) => (pl.stages.len() as u32 / self.pp.max(1)).max(1),
+            Some(pl) => (pl.0.stages.len() as u32 / self.pp.max(1)).max(1),
             None => self.vpp.max(1),
         }
     }
@@ -323,7 +330,7 @@ impl Layout {
         let pp = self.pp.max(1);
         let k = (chunk * pp + rank) as usize;
         if let Some(pl) = &self.pipeline_layout {
-            let s = pl.stages.get(k).copied().unwrap_or_default();
+            let s = pl.0.stages.get(k).copied().unwrap_or_default();
             return VirtualStage {
                 first_layer: s.first_layer,
                 layers: s.layers,

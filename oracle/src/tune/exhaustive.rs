@@ -36,7 +36,7 @@ use super::seed::SeedPlanner;
 use super::space::{MoeChoice, RecomputeChoice, Structure};
 use super::trials::{Source, Trial, TrialLog};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
-use crate::layout::{LayoutError, ModuleSet, Recompute};
+use crate::layout::{ModuleSet, Recompute, RuleId};
 use crate::plan::SearcherKind;
 
 /// The exhaustive searcher.
@@ -327,7 +327,7 @@ fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mb
 /// What the structures of one MoE run share during the screen: the structure rules per
 /// micro-batch size, and the memory verdicts found so far (micro-batch size, recompute choice).
 struct Shared<'a> {
-    structure_rules: &'a [Result<(), LayoutError>],
+    structure_rules: &'a [Result<(), RuleId>],
     memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), Rejection>)>,
 }
 
@@ -364,6 +364,14 @@ struct Candidate {
     upper: f64,
 }
 
+/// What phase 1 found for one run of structures: its counters, the candidates worth
+/// projecting, and each structure's family size.
+struct Screened {
+    stats: Stats,
+    candidates: Vec<Candidate>,
+    families: Vec<u64>,
+}
+
 /// Candidates projected per round of the best-first phase: the bar rises between rounds only,
 /// so what is projected does not depend on thread timing.
 const ROUND: usize = 64;
@@ -380,33 +388,39 @@ impl Exhaustive {
         run: &[Structure],
         known: f64,
         bound: &ThroughputBound,
-    ) -> Vec<(Stats, Vec<Candidate>, u64)> {
+    ) -> Screened {
         let space = ctx.space;
         let s = ctx.scenario;
-        let structure_rules: Vec<Result<(), LayoutError>> = space
+        let structure_rules: Vec<Result<(), RuleId>> = space
             .micro_batch_size
             .iter()
             .map(|&mbs| {
                 space
                     .layout(&run[0], mbs, RecomputeChoice::NONE)
-                    .check_structure(s)
+                    .check_structure_rule(s)
             })
             .collect();
         let mut memory: Vec<(u32, RecomputeChoice, Result<(), Rejection>)> = Vec::new();
-        run.iter()
-            .enumerate()
-            .map(|(i, st)| {
-                let shared = Shared {
-                    structure_rules: &structure_rules,
-                    memory: &mut memory,
-                };
-                self.screen(ctx, first + i, st, known, bound, shared)
-            })
-            .collect()
+        let mut out = Screened {
+            stats: Stats::default(),
+            candidates: Vec::new(),
+            families: Vec::with_capacity(run.len()),
+        };
+        for (i, st) in run.iter().enumerate() {
+            let shared = Shared {
+                structure_rules: &structure_rules,
+                memory: &mut memory,
+            };
+            let family = self.screen(ctx, first + i, st, known, bound, shared, &mut out);
+            out.families.push(family);
+        }
+        out
     }
 
     /// Phase 1 of the pruned search, for one structure: the micro-batch sizes that pass the
-    /// rules, whose most memory-saving choice fits, and whose bound clears `known`.
+    /// rules, whose most memory-saving choice fits, and whose bound clears `known`, added to
+    /// `out`; the structure's family size (layouts per micro-batch size).
+    #[allow(clippy::too_many_arguments)]
     fn screen(
         &self,
         ctx: &Context<'_>,
@@ -415,66 +429,73 @@ impl Exhaustive {
         known: f64,
         bound: &ThroughputBound,
         shared: Shared<'_>,
-    ) -> (Stats, Vec<Candidate>, u64) {
+        out: &mut Screened,
+    ) -> u64 {
         let space = ctx.space;
         let s = ctx.scenario;
-        let mut stats = Stats::default();
-        let mut out = Vec::new();
+        let stats = &mut out.stats;
         let Some((first_choice, most_saving, family)) = space.recompute_family(st) else {
-            return (stats, out, 0);
+            return 0;
         };
         if ctx.expired() {
-            return (stats, out, family);
+            return family;
         }
         let none = RecomputeChoice::NONE;
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
             // The run's structure verdict: no layout to build, no error to copy.
-            if let Err(r) = &shared.structure_rules[i] {
+            if let Err(r) = shared.structure_rules[i] {
                 stats.reject_rule(r, family);
                 ctx.progress.add(family, 0);
                 continue;
             }
+            // The bounds and the structure passed for the run: only the options' rules are
+            // left of the whole check (phase 2 checks every projected layout whole again).
             let first = space.layout(st, mbs, first_choice);
-            if let Err(r) = ctx.filter.rules(s, &first) {
-                stats.reject(s, &first, &r, family);
+            if let Err(e) = first.check_options(s) {
+                stats.reject(s, &first, &Rejection::Rule(e), family);
                 ctx.progress.add(family, 0);
                 continue;
             }
-            let most = space.layout(st, mbs, most_saving);
-            let fits = match shared
+            // The run shares the memory verdicts (the MoE choice moves no byte): the layout
+            // is built only to compute one, or to name a rejection.
+            let cached = shared
                 .memory
                 .iter()
                 .find(|(m, c, _)| *m == mbs && *c == most_saving)
-            {
-                Some((_, _, r)) => r.clone(),
+                .map(|(_, _, r)| r.clone());
+            let fits = match cached {
+                Some(r) => r,
                 None => {
-                    let r = ctx.filter.memory(s, &most);
+                    let r = ctx.filter.memory(s, &space.layout(st, mbs, most_saving));
                     shared.memory.push((mbs, most_saving, r.clone()));
                     r
                 }
             };
             if let Err(r) = fits {
                 // Nothing of this micro-batch size fits, nor of any larger one.
-                stats.reject(s, &most, &r, 1);
+                stats.reject(s, &space.layout(st, mbs, most_saving), &r, 1);
                 ctx.progress.add(1, 0);
                 stats.pruned += family - 1 + (mbs_list.len() - i - 1) as u64 * family;
                 break;
             }
-            let upper = bound
-                .upper(ctx, &space.layout(st, mbs, none))
-                .unwrap_or(f64::INFINITY);
+            let upper = if first_choice == none {
+                bound.upper(ctx, &first)
+            } else {
+                bound.upper(ctx, &space.layout(st, mbs, none))
+            }
+            .unwrap_or(f64::INFINITY);
             if upper * (1.0 + BOUND_MARGIN) < known || flex_dominated(ctx, bound, st, mbs) {
                 stats.pruned += family;
                 continue;
             }
-            out.push(Candidate {
+            out.candidates.push(Candidate {
                 structure: index,
                 mbs,
                 upper,
             });
         }
-        (stats, out, family)
+        family
     }
 
     /// The pruned search: screen every structure (in parallel), then project the candidates
@@ -490,9 +511,9 @@ impl Exhaustive {
         let bound = ThroughputBound::new();
         let structures = ctx.space.structures(ctx.scenario);
         ctx.progress.set_total(structures.len() as u64);
-        let screened: Vec<(Stats, Vec<Candidate>, u64)> = moe_runs(&structures)
+        let screened: Vec<Screened> = moe_runs(&structures)
             .par_iter()
-            .flat_map_iter(|r| {
+            .map(|r| {
                 let out = self.screen_run(ctx, r.start, &structures[r.clone()], known, &bound);
                 ctx.progress.step(r.len() as u64);
                 out
@@ -501,10 +522,11 @@ impl Exhaustive {
         let mut stats = Stats::default();
         let mut candidates = Vec::new();
         let mut families: Vec<u64> = Vec::with_capacity(structures.len());
-        for (st, c, family) in screened {
-            stats.merge(&st);
-            candidates.extend(c);
-            families.push(family);
+        // Runs are consecutive ranges in order: their families line up with `structures`.
+        for run in screened {
+            stats.merge(&run.stats);
+            candidates.extend(run.candidates);
+            families.extend(run.families);
         }
         candidates.sort_by(|a, b| {
             b.upper

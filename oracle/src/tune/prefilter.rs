@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::layout::{Layout, LayoutError};
+use crate::layout::{Layout, LayoutError, RuleId};
 use crate::memory::{self, Band};
 use crate::scenario::Scenario;
 
@@ -114,17 +114,11 @@ fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
     } else {
         3
     };
-    let report = memory::estimate(s, l);
-    let st = report
-        .stages
-        .iter()
-        .find(|x| x.stage == stage)
-        .or(report.stages.first());
-    let states = st.map_or(0.0, |x| {
-        x.weights_bytes + x.gradients_bytes + x.optimizer_bytes
-    });
-    let activations = st.map_or(0.0, |x| x.activations_bytes);
-    let other = st.map_or(0.0, |x| x.other_bytes);
+    // The overflowing stage alone (the whole estimate allocates a report of every stage).
+    let st = memory::stage_memory(s, l, stage);
+    let states = st.weights_bytes + st.gradients_bytes + st.optimizer_bytes;
+    let activations = st.activations_bytes;
+    let other = st.other_bytes;
     let what = if states >= activations && states >= other {
         0
     } else if activations >= other {
@@ -200,13 +194,13 @@ impl Stats {
         }
     }
 
-    /// Count `count` layouts that break rule `e` (no layout needed, nothing copied).
-    pub fn reject_rule(&mut self, e: &LayoutError, count: u64) {
+    /// Count `count` layouts that break rule `rule` (no layout needed, nothing copied).
+    pub fn reject_rule(&mut self, rule: RuleId, count: u64) {
         self.rejected_by_rules += count;
-        match self.rules.get_mut(e.rule) {
+        match self.rules.get_mut(rule.0) {
             Some(v) => *v += count,
             None => {
-                self.rules.insert(e.rule.to_string(), count);
+                self.rules.insert(rule.0.to_string(), count);
             }
         }
     }

@@ -610,7 +610,8 @@ fn moe_axes(
 }
 
 /// Balanced pipeline layouts: every (pp, vpp) whose stages split the layers plus the
-/// embedding, the loss and the MTP layers evenly.
+/// embedding, the loss and the MTP layers evenly, and whose text is within the field's bound
+/// (the screen checks the structure of the layouts it builds, not their sizes again).
 fn balanced_layouts(m: &ModelCard, pp: &[u32]) -> BTreeMap<(u32, u32), PipelineLayout> {
     let mut balanced = BTreeMap::new();
     let slots = m.layers + m.mtp_layers + 2;
@@ -621,6 +622,8 @@ fn balanced_layouts(m: &ModelCard, pp: &[u32]) -> BTreeMap<(u32, u32), PipelineL
         for v in 1..=slots / p {
             if let Some(text) =
                 crate::validate::embedding_and_loss_split(m.layers, m.mtp_layers, p, v)
+                && text.len() <= crate::bounds::limits::LAYOUT_TEXT as usize
+                && (crate::bounds::patterns::LAYOUT_SYMBOLS.test)(&text)
                 && let Ok(parsed) = PipelineLayout::parse(&text)
             {
                 balanced.insert((p, v), parsed);
