@@ -328,7 +328,7 @@ fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mb
 /// micro-batch size, and the memory verdicts found so far (micro-batch size, recompute choice).
 struct Shared<'a> {
     structure_rules: &'a [Result<(), RuleId>],
-    memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), Rejection>)>,
+    memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), &'static str>)>,
 }
 
 /// Runs of adjacent structures that differ only in the MoE choice ([`Space::structures`]
@@ -400,7 +400,7 @@ impl Exhaustive {
                     .check_structure_rule(s)
             })
             .collect();
-        let mut memory: Vec<(u32, RecomputeChoice, Result<(), Rejection>)> = Vec::new();
+        let mut memory: Vec<(u32, RecomputeChoice, Result<(), &'static str>)> = Vec::new();
         let mut out = Screened {
             stats: Stats::default(),
             candidates: Vec::new(),
@@ -457,24 +457,31 @@ impl Exhaustive {
                 ctx.progress.add(family, 0);
                 continue;
             }
-            // The run shares the memory verdicts (the MoE choice moves no byte): the layout
-            // is built only to compute one, or to name a rejection.
+            // The run shares the memory verdicts and their reasons (the MoE choice moves no
+            // byte): the layout is built only to compute one.
             let cached = shared
                 .memory
                 .iter()
                 .find(|(m, c, _)| *m == mbs && *c == most_saving)
-                .map(|(_, _, r)| r.clone());
+                .map(|(_, _, r)| *r);
             let fits = match cached {
                 Some(r) => r,
                 None => {
-                    let r = ctx.filter.memory(s, &space.layout(st, mbs, most_saving));
-                    shared.memory.push((mbs, most_saving, r.clone()));
+                    let most = space.layout(st, mbs, most_saving);
+                    let r = match ctx.filter.memory(s, &most) {
+                        Ok(()) => Ok(()),
+                        Err(Rejection::Memory { stage, .. }) => {
+                            Err(super::prefilter::memory_reason(s, &most, stage))
+                        }
+                        Err(Rejection::Rule(e)) => Err(e.rule),
+                    };
+                    shared.memory.push((mbs, most_saving, r));
                     r
                 }
             };
-            if let Err(r) = fits {
+            if let Err(reason) = fits {
                 // Nothing of this micro-batch size fits, nor of any larger one.
-                stats.reject(s, &space.layout(st, mbs, most_saving), &r, 1);
+                stats.reject_memory(reason, 1);
                 ctx.progress.add(1, 0);
                 stats.pruned += family - 1 + (mbs_list.len() - i - 1) as u64 * family;
                 break;

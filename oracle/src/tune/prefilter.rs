@@ -103,7 +103,7 @@ impl Prefilter {
 }
 
 /// What dominates an overflowing stage.
-fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
+pub(super) fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
     let pp = l.pp.max(1);
     let position = if pp == 1 {
         0
@@ -188,8 +188,19 @@ impl Stats {
                 bump(&mut self.rules, e.rule, count);
             }
             Rejection::Memory { stage, .. } => {
-                self.rejected_by_memory += count;
-                bump(&mut self.memory, memory_reason(s, l, *stage), count);
+                self.reject_memory(memory_reason(s, l, *stage), count);
+            }
+        }
+    }
+
+    /// Count `count` layouts the memory pre-filter rejects for `reason` (what
+    /// [`memory_reason`] gave for one of them).
+    pub fn reject_memory(&mut self, reason: &'static str, count: u64) {
+        self.rejected_by_memory += count;
+        match self.memory.get_mut(reason) {
+            Some(v) => *v += count,
+            None => {
+                self.memory.insert(reason.to_string(), count);
             }
         }
     }
