@@ -325,11 +325,20 @@ fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mb
 }
 
 /// What the structures of one MoE run share during the screen: the structure rules per
-/// micro-batch size, and the memory verdicts found so far (micro-batch size, recompute choice).
+/// micro-batch size with the layouts they rejected so far, the memory verdicts found so far
+/// (micro-batch size, recompute choice, verdict, layouts it rejected so far), and the
+/// examined layouts not yet reported to the progress. The counts go into the run's `Stats`
+/// once at its end (one map update per rule, not per structure).
 struct Shared<'a> {
     structure_rules: &'a [Result<(), RuleId>],
-    memory: &'a mut Vec<(u32, RecomputeChoice, Result<(), &'static str>)>,
+    rule_rejected: &'a mut [u64],
+    memory: &'a mut Vec<MemoryVerdict>,
+    examined: &'a mut u64,
 }
+
+/// A memory verdict of a run: micro-batch size, recompute choice, verdict (the reason of a
+/// rejection), and how many layouts it rejected.
+type MemoryVerdict = (u32, RecomputeChoice, Result<(), &'static str>, u64);
 
 /// Runs of adjacent structures that differ only in the MoE choice ([`Space::structures`]
 /// enumerates it innermost), as index ranges.
@@ -400,7 +409,9 @@ impl Exhaustive {
                     .check_structure_rule(s)
             })
             .collect();
-        let mut memory: Vec<(u32, RecomputeChoice, Result<(), &'static str>)> = Vec::new();
+        let mut rule_rejected = vec![0u64; structure_rules.len()];
+        let mut memory: Vec<MemoryVerdict> = Vec::new();
+        let mut examined = 0u64;
         let mut out = Screened {
             stats: Stats::default(),
             candidates: Vec::new(),
@@ -409,11 +420,28 @@ impl Exhaustive {
         for (i, st) in run.iter().enumerate() {
             let shared = Shared {
                 structure_rules: &structure_rules,
+                rule_rejected: &mut rule_rejected,
                 memory: &mut memory,
+                examined: &mut examined,
             };
             let family = self.screen(ctx, first + i, st, known, bound, shared, &mut out);
             out.families.push(family);
         }
+        for (verdict, &count) in structure_rules.iter().zip(&rule_rejected) {
+            if let Err(r) = verdict
+                && count > 0
+            {
+                out.stats.reject_rule(*r, count);
+            }
+        }
+        for &(_, _, verdict, count) in &memory {
+            if let Err(reason) = verdict
+                && count > 0
+            {
+                out.stats.reject_memory(reason, count);
+            }
+        }
+        ctx.progress.add(examined, 0);
         out
     }
 
@@ -444,9 +472,9 @@ impl Exhaustive {
         let mbs_list = &space.micro_batch_size;
         for (i, &mbs) in mbs_list.iter().enumerate() {
             // The run's structure verdict: no layout to build, no error to copy.
-            if let Err(r) = shared.structure_rules[i] {
-                stats.reject_rule(r, family);
-                ctx.progress.add(family, 0);
+            if shared.structure_rules[i].is_err() {
+                shared.rule_rejected[i] += family;
+                *shared.examined += family;
                 continue;
             }
             // The bounds and the structure passed for the run: only the options' rules are
@@ -459,13 +487,12 @@ impl Exhaustive {
             }
             // The run shares the memory verdicts and their reasons (the MoE choice moves no
             // byte): the layout is built only to compute one.
-            let cached = shared
+            let at = match shared
                 .memory
                 .iter()
-                .find(|(m, c, _)| *m == mbs && *c == most_saving)
-                .map(|(_, _, r)| *r);
-            let fits = match cached {
-                Some(r) => r,
+                .position(|(m, c, _, _)| *m == mbs && *c == most_saving)
+            {
+                Some(at) => at,
                 None => {
                     let most = space.layout(st, mbs, most_saving);
                     let r = match ctx.filter.memory(s, &most) {
@@ -475,14 +502,14 @@ impl Exhaustive {
                         }
                         Err(Rejection::Rule(e)) => Err(e.rule),
                     };
-                    shared.memory.push((mbs, most_saving, r));
-                    r
+                    shared.memory.push((mbs, most_saving, r, 0));
+                    shared.memory.len() - 1
                 }
             };
-            if let Err(reason) = fits {
+            if shared.memory[at].2.is_err() {
                 // Nothing of this micro-batch size fits, nor of any larger one.
-                stats.reject_memory(reason, 1);
-                ctx.progress.add(1, 0);
+                shared.memory[at].3 += 1;
+                *shared.examined += 1;
                 stats.pruned += family - 1 + (mbs_list.len() - i - 1) as u64 * family;
                 break;
             }
