@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rules::LayoutError;
+use super::rules::{LayoutError, broken};
 use super::{Layout, Recompute};
 use crate::precision::Precision;
 use crate::scenario::Scenario;
@@ -159,14 +159,6 @@ pub(super) fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-fn fail(rule: &'static str, name: &str, message: impl Into<String>) -> Result<(), LayoutError> {
-    Err(LayoutError::new(
-        rule,
-        &format!("spec.parallelism.{name}"),
-        message,
-    ))
-}
-
 impl Layout {
     /// Copy the memory options of `from` (the fields of this section) into `self`: the tuner's
     /// candidates keep the reference layout's options, which it does not search.
@@ -256,44 +248,40 @@ impl Layout {
             ("hiddenDropout", self.hidden_dropout),
         ] {
             if !(0.0..1.0).contains(&f.get()) {
-                return fail(
-                    "dropout-range",
-                    name,
-                    format!("{f} is not a dropout probability in [0, 1)"),
-                );
+                return broken("dropout-range", name, || {
+                    format!("{f} is not a dropout probability in [0, 1)")
+                });
             }
         }
         self.check_optimizer_dtypes()?;
         if self.optimizer_cpu_offload || !is_full_fraction(&self.optimizer_offload_fraction) {
             let f = self.optimizer_offload_fraction.get();
             if !(0.0..=1.0).contains(&f) {
-                return fail(
-                    "offload-fraction-range",
-                    "optimizerOffloadFraction",
-                    format!("{f} is not a fraction in [0, 1]"),
-                );
+                return broken("offload-fraction-range", "optimizerOffloadFraction", || {
+                    format!("{f} is not a fraction in [0, 1]")
+                });
             }
         }
         if self.optimizer_cpu_offload && !self.distributed_optimizer {
-            return fail(
+            return broken(
                 "optimizer-offload-needs-distributed-optimizer",
                 "optimizerCpuOffload",
-                "optimizer CPU offload shards what it offloads: it needs distributedOptimizer: true",
+                || "optimizer CPU offload shards what it offloads: it needs distributedOptimizer: true",
             );
         }
         if self.fp8_param_gather {
             if s.training.precision != Precision::Fp8 {
-                return fail(
+                return broken(
                     "fp8-param-gather-needs-fp8",
                     "fp8ParamGather",
-                    "FP8 parameters need spec.training.precision: fp8",
+                    || "FP8 parameters need spec.training.precision: fp8",
                 );
             }
             if !(self.distributed_optimizer || self.fsdp) {
-                return fail(
+                return broken(
                     "fp8-param-gather-needs-sharding",
                     "fp8ParamGather",
-                    "--fp8-param-gather needs the distributed optimizer or FSDP",
+                    || "--fp8-param-gather needs the distributed optimizer or FSDP",
                 );
             }
         }
@@ -310,9 +298,7 @@ impl Layout {
             ("expAvgSqDtype", self.exp_avg_sq_dtype, MOMENTS),
         ] {
             if !allowed.contains(&d) {
-                return fail(
-                    "optimizer-dtype",
-                    name,
+                return broken("optimizer-dtype", name, || {
                     format!(
                         "{} is not one of {}",
                         d.as_str(),
@@ -321,25 +307,23 @@ impl Layout {
                             .map(|d| d.as_str())
                             .collect::<Vec<_>>()
                             .join(", ")
-                    ),
-                );
+                    )
+                });
             }
             if !d.is_fp32() && !self.precision_aware_optimizer {
-                return fail(
-                    "optimizer-dtype-needs-pao",
-                    name,
+                return broken("optimizer-dtype-needs-pao", name, || {
                     format!(
                         "{} needs precisionAwareOptimizer: true (Megatron asserts it)",
                         d.as_str()
-                    ),
-                );
+                    )
+                });
             }
         }
         if self.precision_aware_optimizer && !(self.distributed_optimizer || self.fsdp) {
-            return fail(
+            return broken(
                 "pao-needs-distributed-optimizer",
                 "precisionAwareOptimizer",
-                "the precision-aware optimizer is only supported with distributedOptimizer: true",
+                || "the precision-aware optimizer is only supported with distributedOptimizer: true",
             );
         }
         Ok(())
@@ -353,27 +337,29 @@ impl Layout {
             return Ok(());
         }
         if n >= s.model.layers {
-            return fail(
+            return broken(
                 "activation-offload-layers",
                 "activationOffloadLayers",
-                format!("{n} must be below the model's {} layers", s.model.layers),
+                || format!("{n} must be below the model's {} layers", s.model.layers),
             );
         }
         if self.pp > 1 {
-            return fail(
+            return broken(
                 "activation-offload-no-pp",
                 "activationOffloadLayers",
-                format!(
-                    "activation CPU offloading does not support pipeline parallelism (pp = {})",
-                    self.pp
-                ),
+                || {
+                    format!(
+                        "activation CPU offloading does not support pipeline parallelism (pp = {})",
+                        self.pp
+                    )
+                },
             );
         }
         if self.recompute != Recompute::None {
-            return fail(
+            return broken(
                 "activation-offload-no-recompute",
                 "activationOffloadLayers",
-                "activation CPU offloading does not support activation recomputation",
+                || "activation CPU offloading does not support activation recomputation",
             );
         }
         Ok(())

@@ -23,16 +23,6 @@ pub struct LayoutError {
     pub message: String,
 }
 
-impl LayoutError {
-    pub(super) fn new(rule: &'static str, field: &str, message: impl Into<String>) -> LayoutError {
-        LayoutError {
-            rule,
-            field: field.to_string(),
-            message: message.into(),
-        }
-    }
-}
-
 impl From<LayoutError> for crate::error::FieldError {
     fn from(e: LayoutError) -> Self {
         crate::error::FieldError::new(e.field, e.message)
@@ -43,10 +33,6 @@ const P: &str = "spec.parallelism";
 
 fn field(name: &str) -> String {
     format!("{P}.{name}")
-}
-
-fn fail<T>(rule: &'static str, name: &str, message: impl Into<String>) -> Result<T, LayoutError> {
-    Err(LayoutError::new(rule, &field(name), message))
 }
 
 /// What a check returns for a broken rule: the whole [`LayoutError`] for users, or only the
@@ -92,7 +78,7 @@ impl Broken for RuleId {
 
 /// Rule `rule` broken at `spec.parallelism.<name>`; the message is built only for a
 /// [`LayoutError`].
-fn broken<T, E: Broken, M: Into<String>>(
+pub(super) fn broken<T, E: Broken, M: Into<String>>(
     rule: &'static str,
     name: &str,
     message: impl FnOnce() -> M,

@@ -4,7 +4,7 @@
 //! lives (TC = `megatron/core/transformer/transformer_config.py`,
 //! `TransformerConfig.__post_init__`), or the bounds a plan's numbers must keep.
 
-use super::{Layout, LayoutError, Recompute, RecomputeModule, fail};
+use super::{Layout, LayoutError, Recompute, RecomputeModule, broken};
 use crate::layout::{
     CudaGraphImpl, CudaGraphModule, FlexBackend, GroupedGemm, LoadBalancing, RouterDtype,
     TokenDispatcher,
@@ -32,24 +32,20 @@ impl Layout {
     /// no bias (`experts.py:GroupedMLP` asserts `add_bias_linear == False`).
     fn check_moe_model(&self, s: &Scenario) -> Result<(), LayoutError> {
         if s.model.moe.is_none() && !self.moe.is_default() {
-            return fail(
-                "moe-options-need-moe",
-                "moe",
+            return broken("moe-options-need-moe", "moe", || {
                 format!(
                     "MoE execution options need a mixture-of-experts model; model {} is dense",
                     s.model.name
-                ),
-            );
+                )
+            });
         }
         if self.moe.grouped_gemm == GroupedGemm::Legacy && s.model.mlp_bias {
-            return fail(
-                "legacy-grouped-gemm-no-bias",
-                "moe.groupedGemm",
+            return broken("legacy-grouped-gemm-no-bias", "moe.groupedGemm", || {
                 format!(
                     "legacy grouped GEMM (GroupedMLP) has no expert biases; model {} has them: use grouped (TEGroupedMLP)",
                     s.model.name
-                ),
-            );
+                )
+            });
         }
         Ok(())
     }
@@ -62,14 +58,12 @@ impl Layout {
     fn check_dispatcher(&self, s: &Scenario) -> Result<(), LayoutError> {
         let m = &self.moe;
         if m.flex_backend.is_some() && m.token_dispatcher != TokenDispatcher::Flex {
-            return fail(
-                "flex-backend-needs-flex",
-                "moe.flexBackend",
+            return broken("flex-backend-needs-flex", "moe.flexBackend", || {
                 format!(
                     "a flex backend needs tokenDispatcher flex (got {})",
                     m.token_dispatcher.as_str()
-                ),
-            );
+                )
+            });
         }
         if let Some(b) = m.backend()
             && s.hardware.flex_backend(b).is_none()
@@ -80,9 +74,7 @@ impl Layout {
                 .iter()
                 .map(|p| p.backend.as_str())
                 .collect();
-            return fail(
-                "flex-backend-on-gpu",
-                "moe.flexBackend",
+            return broken("flex-backend-on-gpu", "moe.flexBackend", || {
                 format!(
                     "{} does not run on {} (its stack runs: {})",
                     b.as_str(),
@@ -96,39 +88,39 @@ impl Layout {
                     } else {
                         known.join(", ")
                     }
-                ),
-            );
+                )
+            });
         }
         if m.token_dispatcher == TokenDispatcher::Flex && self.ep as u64 * self.etp as u64 <= 1 {
             // MoEFlexTokenDispatcher.__init__ (megatron/core/transformer/moe/token_dispatcher.py):
             // "Flex token dispatcher requires TPxEP > 1" (its TP is the expert TP group).
-            return fail(
+            return broken(
                 "flex-needs-etp-ep",
                 "moe.tokenDispatcher",
-                "the flex dispatcher needs etp x ep > 1 (Megatron's MoEFlexTokenDispatcher)",
+                || "the flex dispatcher needs etp x ep > 1 (Megatron's MoEFlexTokenDispatcher)",
             );
         }
         if m.backend() == Some(FlexBackend::PrimusTurboDeepep) {
             if m.router_dtype != Some(RouterDtype::Fp32) {
-                return fail(
+                return broken(
                     "turbo-deepep-fp32-router",
                     "moe.routerDtype",
-                    "Primus-Turbo DeepEP needs routerDtype fp32",
+                    || "Primus-Turbo DeepEP needs routerDtype fp32",
                 );
             }
             if m.shared_expert_overlap {
-                return fail(
+                return broken(
                     "turbo-deepep-no-shared-overlap",
                     "moe.sharedExpertOverlap",
-                    "Primus-Turbo DeepEP does not run with shared-expert overlap",
+                    || "Primus-Turbo DeepEP does not run with shared-expert overlap",
                 );
             }
         }
         if m.shared_expert_overlap && m.token_dispatcher == TokenDispatcher::Allgather {
-            return fail(
+            return broken(
                 "shared-overlap-needs-a2a",
                 "moe.sharedExpertOverlap",
-                "shared-expert overlap works with the alltoall or flex dispatcher only",
+                || "shared-expert overlap works with the alltoall or flex dispatcher only",
             );
         }
         Ok(())
@@ -146,42 +138,40 @@ impl Layout {
             if let Some(f) = v
                 && !(f.get().is_finite() && f.get() > 0.0 && f.get() <= MAX_CAPACITY_FACTOR)
             {
-                return fail(
-                    "capacity-factor-range",
-                    name,
+                return broken("capacity-factor-range", name, || {
                     format!(
                         "must be a number in (0, {MAX_CAPACITY_FACTOR}], got {}",
                         f.get()
-                    ),
-                );
+                    )
+                });
             }
         }
         if m.capacity_factor.is_some() && m.load_balancing == LoadBalancing::Sinkhorn {
-            return fail(
+            return broken(
                 "capacity-needs-aux-loss",
                 "moe.capacityFactor",
-                "a capacity factor works with aux_loss, seq_aux_loss, global_aux_loss or none load balancing, not sinkhorn",
+                || "a capacity factor works with aux_loss, seq_aux_loss, global_aux_loss or none load balancing, not sinkhorn",
             );
         }
         if m.pad_to_capacity && m.capacity_factor.is_none() {
-            return fail(
+            return broken(
                 "pad-needs-capacity",
                 "moe.padToCapacity",
-                "padding to capacity needs a capacityFactor",
+                || "padding to capacity needs a capacityFactor",
             );
         }
         if m.pad_to_capacity && m.backend() == Some(FlexBackend::Deepep) {
-            return fail(
+            return broken(
                 "pad-not-with-deepep",
                 "moe.padToCapacity",
-                "DeepEP does not pad expert inputs to capacity",
+                || "DeepEP does not pad expert inputs to capacity",
             );
         }
         if m.rank_capacity_factor.is_some() && m.backend() != Some(FlexBackend::Hybridep) {
-            return fail(
+            return broken(
                 "rank-capacity-needs-hybridep",
                 "moe.rankCapacityFactor",
-                "a per-rank capacity needs tokenDispatcher flex with flexBackend hybridep",
+                || "a per-rank capacity needs tokenDispatcher flex with flexBackend hybridep",
             );
         }
         Ok(())
@@ -193,10 +183,10 @@ impl Layout {
     fn check_ep_overlap(&self, s: &Scenario) -> Result<(), LayoutError> {
         let m = &self.moe;
         if m.delay_wgrad && !m.ep_overlap {
-            return fail(
+            return broken(
                 "delay-wgrad-needs-overlap",
                 "moe.delayWgrad",
-                "delayWgrad needs epOverlap",
+                || "delayWgrad needs epOverlap",
             );
         }
         if !m.ep_overlap {
@@ -220,7 +210,9 @@ impl Layout {
         } else {
             return Ok(());
         };
-        fail("ep-overlap", F, format!("EP communication overlap {why}"))
+        broken("ep-overlap", F, || {
+            format!("EP communication overlap {why}")
+        })
     }
 
     /// `fp8Recipe`: with precision fp8 only, and a recipe the GPU's tensor cores run (MXFP8:
@@ -230,18 +222,14 @@ impl Layout {
             return Ok(());
         };
         if s.training.precision != Precision::Fp8 {
-            return fail(
-                "fp8-recipe-needs-fp8",
-                "fp8Recipe",
-                format!("{} needs spec.training.precision fp8", r.as_str()),
-            );
+            return broken("fp8-recipe-needs-fp8", "fp8Recipe", || {
+                format!("{} needs spec.training.precision fp8", r.as_str())
+            });
         }
         if !s.hardware.supports_fp8_recipe(r) {
-            return fail(
-                "fp8-recipe-on-gpu",
-                "fp8Recipe",
-                format!("{} does not run on {}", r.as_str(), s.hardware.product),
-            );
+            return broken("fp8-recipe-on-gpu", "fp8Recipe", || {
+                format!("{} does not run on {}", r.as_str(), s.hardware.product)
+            });
         }
         Ok(())
     }
@@ -255,59 +243,55 @@ impl Layout {
         const F: &str = "cudaGraph.modules";
         match g.implementation {
             CudaGraphImpl::None | CudaGraphImpl::FullIteration if !g.modules.is_empty() => {
-                return fail(
-                    "cuda-graph-modules-need-per-layer",
-                    F,
+                return broken("cuda-graph-modules-need-per-layer", F, || {
                     format!(
                         "capture modules need impl local or transformer_engine (impl is {})",
                         g.implementation.as_str()
-                    ),
-                );
+                    )
+                });
             }
             CudaGraphImpl::None => return Ok(()),
             _ => {}
         }
         for (i, m) in g.modules.iter().enumerate() {
             if g.modules[..i].contains(m) {
-                return fail(
-                    "cuda-graph-modules-unique",
-                    F,
-                    format!("lists {} twice", m.as_str()),
-                );
+                return broken("cuda-graph-modules-unique", F, || {
+                    format!("lists {} twice", m.as_str())
+                });
             }
         }
         let per_layer = g.implementation != CudaGraphImpl::FullIteration;
         let has = |m| g.modules.contains(&m);
         if has(CudaGraphModule::MoePreprocess) && !has(CudaGraphModule::MoeRouter) {
-            return fail(
+            return broken(
                 "cuda-graph-preprocess-needs-router",
                 F,
-                "moe_preprocess needs moe_router",
+                || "moe_preprocess needs moe_router",
             );
         }
         if let Some(moe) = &s.model.moe {
             let whole_block = per_layer && (g.modules.is_empty() || has(CudaGraphModule::Moe));
             let drop_pad = self.moe.capacity_factor.is_some() || moe.capacity_factor.is_some();
             if whole_block && !(drop_pad && self.moe.pad_to_capacity) {
-                return fail(
+                return broken(
                     "cuda-graph-moe-needs-drop-pad",
                     F,
-                    "capturing the MoE block (moe, or the whole layer) needs capacityFactor with padToCapacity",
+                    || "capturing the MoE block (moe, or the whole layer) needs capacityFactor with padToCapacity",
                 );
             }
             if has(CudaGraphModule::Mlp) && moe.dense_layers == 0 {
-                return fail(
+                return broken(
                     "cuda-graph-mlp-needs-dense",
                     F,
-                    "mlp captures dense MLPs; every layer of this model is a MoE layer",
+                    || "mlp captures dense MLPs; every layer of this model is a MoE layer",
                 );
             }
         }
         if self.recompute == Recompute::Full && per_layer {
-            return fail(
+            return broken(
                 "cuda-graph-full-recompute",
                 "cudaGraph.impl",
-                "full recompute runs with full_iteration graphs only",
+                || "full recompute runs with full_iteration graphs only",
             );
         }
         Ok(())
