@@ -171,10 +171,10 @@ struct PlanKey {
     m: usize,
 }
 
-/// Reusable simulation state: keep one per thread and reuse it (no allocation per call once
-/// warm).
+/// A built processing order of a 1F1B-family schedule and the indexes the timing reads from
+/// it; one key's worth (see `plan.rs`).
 #[derive(Debug, Default)]
-pub struct Simulator {
+struct BuiltPlan {
     key: Option<PlanKey>,
     plan: Vec<PlanOp>,
     meta: Vec<PlanMeta>,
@@ -189,6 +189,16 @@ pub struct Simulator {
     last_of_rank: Vec<u32>,
     /// The periodic middle of the plan (steady state), if any.
     period: Option<Period>,
+}
+
+/// Reusable simulation state: keep one per thread and reuse it (no allocation per call once
+/// warm).
+#[derive(Debug, Default)]
+pub struct Simulator {
+    /// The current 1F1B-family plan (built by `ensure_plan`).
+    built: BuiltPlan,
+    /// Plans built before and put aside, most recent last.
+    stash: Vec<BuiltPlan>,
     /// Simulate every pass even in a repeating steady state (for checking the shortcut).
     no_skip: bool,
     /// Passes of the last run filled in from the repeating steady state.
@@ -212,8 +222,6 @@ pub struct Simulator {
     pub trace: Option<Vec<Event>>,
     /// Passes simulated one by one at most (0: [`MAX_PASSES`]).
     budget: u64,
-    /// Plans built before and put aside, most recent last.
-    stash: Vec<plan::StashedPlan>,
 }
 
 impl Simulator {
@@ -391,14 +399,18 @@ impl Simulator {
         if !self.planned {
             return self.ranks.get(rank).map(|r| r.p2p_wait).unwrap_or(0.0);
         }
-        let Some(key) = self.key else { return 0.0 };
+        let Some(key) = self.built.key else {
+            return 0.0;
+        };
         if rank >= key.pp {
             return 0.0;
         }
         let message = [0.0, self.message];
         let mut prev = 0.0;
         let mut wait = 0.0;
-        for op in &self.rank_ops[self.rank_ops_at[rank]..self.rank_ops_at[rank + 1]] {
+        for op in
+            &self.built.rank_ops[self.built.rank_ops_at[rank]..self.built.rank_ops_at[rank + 1]]
+        {
             let e = self.end[op.pos as usize];
             let start = e - self.durations[op.dur as usize];
             let msg = message[op.cross as usize];
@@ -411,7 +423,7 @@ impl Simulator {
 
     fn run_plan(&mut self, c: &StageCosts, pp: usize, vpp: usize, m: usize) {
         let nvs = pp * vpp;
-        let n = self.plan.len();
+        let n = self.built.plan.len();
         // Durations: forwards, then backwards (input and weight gradients together).
         self.durations.clear();
         self.durations.extend_from_slice(&c.forward[..nvs]);
@@ -427,10 +439,10 @@ impl Simulator {
         // end[n] is the sentinel 0.0 that passes with no input wait for.
         let end = &mut self.end[..];
         let durations = &self.durations[..];
-        let plan = &self.plan[..];
+        let plan = &self.built.plan[..];
         let mut done = 0;
         let mut filled = 0;
-        if let Some(per) = self.period.filter(|_| !self.no_skip) {
+        if let Some(per) = self.built.period.filter(|_| !self.no_skip) {
             // Simulate until one lookback window lies inside the periodic region, then, once
             // the last window repeats the one a period earlier shifted by a constant, every
             // later pass of the region does too (same predecessors, shifted): fill them in.
@@ -460,7 +472,7 @@ impl Simulator {
         time_passes(plan, end, durations, &message, done, plan.len());
         self.filled = filled;
         let free = &mut self.free[..];
-        for (f, &last) in free.iter_mut().zip(&self.last_of_rank) {
+        for (f, &last) in free.iter_mut().zip(&self.built.last_of_rank) {
             *f = end[last as usize];
         }
         // Per-rank results.
@@ -479,10 +491,10 @@ impl Simulator {
                 first_forward_end: 0.0,
             };
         }
-        for &(r, pos) in &self.first_forward_at {
+        for &(r, pos) in &self.built.first_forward_at {
             self.ranks[r as usize].first_forward_end = end[pos as usize];
         }
-        for &(vs, pos) in &self.last_backward_at {
+        for &(vs, pos) in &self.built.last_backward_at {
             let e = end[pos as usize];
             self.last_backward[vs as usize] = LastBackward {
                 start: e - durations[nvs + vs as usize],
@@ -490,7 +502,7 @@ impl Simulator {
             };
         }
         if let Some(t) = self.trace.as_mut() {
-            for (i, (op, meta)) in self.plan.iter().zip(&self.meta).enumerate() {
+            for (i, (op, meta)) in self.built.plan.iter().zip(&self.built.meta).enumerate() {
                 let e = end[i];
                 t.push(Event {
                     rank: op.rank as u32,

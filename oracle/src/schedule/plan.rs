@@ -21,13 +21,12 @@ impl Simulator {
     /// Build (or reuse) the processing order of a 1F1B-family schedule. The caller keeps
     /// `2 * pp * vpp * m` within [`super::MAX_PASSES`] and `pp * vpp` within the u16 indices.
     pub(super) fn ensure_plan(&mut self, key: PlanKey) -> Result<(), ScheduleError> {
-        if self.key == Some(key) {
+        if self.built.key == Some(key) {
             return Ok(());
         }
         self.stash_current();
-        if let Some(i) = self.stash.iter().position(|p| p.key == key) {
-            let kept = self.stash.remove(i);
-            self.restore(kept);
+        if let Some(i) = self.stash.iter().position(|p| p.key == Some(key)) {
+            self.built = self.stash.remove(i);
             return Ok(());
         }
         let PlanKey { pp, vpp, m, .. } = key;
@@ -42,24 +41,24 @@ impl Simulator {
             op.prev = last[op.rank as usize];
             last[op.rank as usize] = i as u32;
         }
-        self.last_of_rank = last;
+        self.built.last_of_rank = last;
         let position = placed.position;
-        self.last_backward_at = (0..nvs)
+        self.built.last_backward_at = (0..nvs)
             .map(|vs| (vs as u32, position[index(true, vs, m - 1, nvs, m)]))
             .collect();
-        self.first_forward_at = (0..pp)
+        self.built.first_forward_at = (0..pp)
             .map(|r| {
                 let vs = (vpp - 1) * pp + r;
                 (r as u32, position[index(false, vs, 0, nvs, m)])
             })
             .collect();
         let (rank_ops, rank_ops_at) = rank_ops(&plan, pp);
-        self.period = find_period(&plan, &placed.meta, nvs, pp.min(m));
-        self.rank_ops = rank_ops;
-        self.rank_ops_at = rank_ops_at;
-        self.plan = plan;
-        self.meta = placed.meta;
-        self.key = Some(key);
+        self.built.period = find_period(&plan, &placed.meta, nvs, pp.min(m));
+        self.built.rank_ops = rank_ops;
+        self.built.rank_ops_at = rank_ops_at;
+        self.built.plan = plan;
+        self.built.meta = placed.meta;
+        self.built.key = Some(key);
         Ok(())
     }
 }
@@ -70,60 +69,20 @@ impl Simulator {
 /// switched plans ~650 times, each a rebuild (a quarter of the tune) before plans were kept.
 const STASH_PASSES: usize = 1 << 19;
 
-/// A built plan put aside (the fields [`Simulator::ensure_plan`] fills), to be restored when
-/// its key comes back.
-#[derive(Debug)]
-pub(super) struct StashedPlan {
-    key: PlanKey,
-    plan: Vec<PlanOp>,
-    meta: Vec<PlanMeta>,
-    last_backward_at: Vec<(u32, u32)>,
-    first_forward_at: Vec<(u32, u32)>,
-    rank_ops: Vec<RankOp>,
-    rank_ops_at: Vec<usize>,
-    last_of_rank: Vec<u32>,
-    period: Option<super::steady::Period>,
-}
-
 impl Simulator {
     /// Put the current plan aside (most recent last), dropping the oldest kept plans beyond
-    /// [`STASH_PASSES`] passes.
+    /// [`STASH_PASSES`] passes; the simulator is left without a current plan.
     fn stash_current(&mut self) {
-        let Some(key) = self.key.take() else {
-            return;
-        };
-        if self.plan.len() > STASH_PASSES {
+        let current = std::mem::take(&mut self.built);
+        if current.key.is_none() || current.plan.len() > STASH_PASSES {
             return;
         }
-        let kept = StashedPlan {
-            key,
-            plan: std::mem::take(&mut self.plan),
-            meta: std::mem::take(&mut self.meta),
-            last_backward_at: std::mem::take(&mut self.last_backward_at),
-            first_forward_at: std::mem::take(&mut self.first_forward_at),
-            rank_ops: std::mem::take(&mut self.rank_ops),
-            rank_ops_at: std::mem::take(&mut self.rank_ops_at),
-            last_of_rank: std::mem::take(&mut self.last_of_rank),
-            period: self.period.take(),
-        };
-        let mut passes = kept.plan.len() + self.stash.iter().map(|p| p.plan.len()).sum::<usize>();
-        self.stash.push(kept);
+        let mut passes =
+            current.plan.len() + self.stash.iter().map(|p| p.plan.len()).sum::<usize>();
+        self.stash.push(current);
         while passes > STASH_PASSES {
             passes -= self.stash.remove(0).plan.len();
         }
-    }
-
-    /// Make a kept plan the current one.
-    fn restore(&mut self, p: StashedPlan) {
-        self.key = Some(p.key);
-        self.plan = p.plan;
-        self.meta = p.meta;
-        self.last_backward_at = p.last_backward_at;
-        self.first_forward_at = p.first_forward_at;
-        self.rank_ops = p.rank_ops;
-        self.rank_ops_at = p.rank_ops_at;
-        self.last_of_rank = p.last_of_rank;
-        self.period = p.period;
     }
 }
 
