@@ -482,7 +482,7 @@ impl Exhaustive {
             let first = space.layout(st, mbs, first_choice);
             if let Err(e) = first.check_options(s) {
                 stats.reject(s, &first, &Rejection::Rule(e), family);
-                ctx.progress.add(family, 0);
+                *shared.examined += family;
                 continue;
             }
             // The run shares the memory verdicts and their reasons (the MoE choice moves no
@@ -495,13 +495,7 @@ impl Exhaustive {
                 Some(at) => at,
                 None => {
                     let most = space.layout(st, mbs, most_saving);
-                    let r = match ctx.filter.memory(s, &most) {
-                        Ok(()) => Ok(()),
-                        Err(Rejection::Memory { stage, .. }) => {
-                            Err(super::prefilter::memory_reason(s, &most, stage))
-                        }
-                        Err(Rejection::Rule(e)) => Err(e.rule),
-                    };
+                    let r = ctx.filter.memory_reason(s, &most);
                     shared.memory.push((mbs, most_saving, r, 0));
                     shared.memory.len() - 1
                 }
