@@ -99,6 +99,14 @@ pub struct Retiring {
     pub since: i64,
 }
 
+impl Retiring {
+    /// Whether its overlap is over at `now`: every replica has re-read the Secret since the CA
+    /// stopped signing, so it leaves the trusted bundle (retired, and never trusted again).
+    fn overlap_over(&self, now: i64, p: &Policy) -> bool {
+        now - self.since >= secs(p.overlap)
+    }
+}
+
 /// What the shared Secret holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Material {
@@ -315,14 +323,14 @@ pub fn next_step(
     if m.signer.not_after <= now {
         return Some(Step::Create);
     }
-    let overlap = secs(p.overlap);
-    if let Some(prev) = &m.previous
-        && now - prev.since >= overlap
+    if m.previous
+        .as_ref()
+        .is_some_and(|prev| prev.overlap_over(now, p))
     {
         return Some(Step::RetireCa);
     }
     if let Some(next) = &m.next
-        && now - next.since >= overlap
+        && now - next.since >= secs(p.overlap)
         && bundle_in_step
     {
         return Some(Step::PromoteCa);
@@ -370,7 +378,7 @@ pub fn apply(
                 let mut r = r.clone();
                 if r.previous
                     .as_ref()
-                    .is_some_and(|prev| now - prev.since >= secs(p.overlap))
+                    .is_some_and(|prev| prev.overlap_over(now, p))
                 {
                     r.previous = None;
                 }
