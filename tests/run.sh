@@ -24,6 +24,10 @@ if [[ ${1:-} == "--" ]]; then
   extra=("$@")
 fi
 
+# The build needs about 4 GB under target/ (stop 21's CI ran out of disk with incremental
+# caches and dependency debug info); say what the machine has, so a full disk is obvious.
+df -h "$ROOT" >&2 || true
+
 step "installing test dependencies (test bed, helm, promtool, lua, rsvg)"
 "$TESTBED" install
 
@@ -40,6 +44,10 @@ fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+# One clean build, no incremental caches: they doubled the target directory (11 of 24 GB here)
+# for nothing on a clean clone, and a CI machine ran out of disk in stop 21.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 # Every feature, GPU backends included: `rocm` links Debian's libamdhip64 (HIP_PATH=/usr),
 # `cuda` loads CUDA at run time and needs nothing to build.
