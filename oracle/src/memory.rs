@@ -28,7 +28,8 @@
 //! - other: the sequence-parallel all-gather buffer, pipeline send/receive buffers, the MoE
 //!   dispatch buffer, FSDP's unsharded layer buffers, the allocator's overhead (the hardware
 //!   profile's `overheads.allocatorFragmentation` fraction of all tensor memory, or the
-//!   expandable-segments constant) and the communicator buffers ([`allocator`]).
+//!   expandable-segments constant), the communicator buffers ([`allocator`]) and the fused
+//!   token dispatcher's buffers ([`dispatcher`]), the last two outside PyTorch's allocator.
 //!
 //! The runtime reserve (`overheads.runtimeReserveGib`: context, workspaces) is not part of a
 //! stage's total: it is what separates `capacityBytes` from `usableBytes`. How far the total
@@ -46,6 +47,7 @@ use crate::scenario::Scenario;
 pub mod activations;
 pub mod allocator;
 pub mod band;
+pub mod dispatcher;
 pub mod optimizer;
 mod stage;
 
@@ -111,6 +113,9 @@ pub struct StageMemory {
     pub fragmentation_bytes: f64,
     /// Of the other bytes: NCCL/RCCL communicator buffers, outside PyTorch's allocator.
     pub communicator_bytes: f64,
+    /// Of the other bytes: the fused token dispatcher's buffers (DeepEP, HybridEP), outside
+    /// PyTorch's allocator ([`dispatcher`]).
+    pub dispatcher_bytes: f64,
     /// Tensors PyTorch allocates at the peak (`max_memory_allocated`): weights, gradients,
     /// optimizer states, activations and buffers.
     pub allocated_bytes: f64,

@@ -85,11 +85,14 @@ fn every_row_is_read_and_names_its_source_and_assumptions() {
 
 #[test]
 fn megatron_family_error_gate() {
-    // The CI gate on the rows that ran, with a peak, needing no option the model lacks. The
-    // issue's targets (median |error| <= 5%, max <= 12%) are NOT met: the Primus MoE runs on
-    // MI355X are under-predicted by 13-27% (MP-Q, MP-D1, MP-V), which no term of the model
-    // explains yet (their MBS, dispatcher and routing balance are partly assumed, see their
-    // notes). This gate holds the model where it is; tighten it as rows are explained.
+    // The CI gate on the rows that ran, with a peak, needing no option the model lacks. Of the
+    // issue's targets the median (<= 5%) is met since the fused dispatchers' buffers are
+    // modelled (the Primus-Turbo DeepEP rows MP-V7..V10 and MP-Q30a joined the gate, within
+    // 1.3%); the max (<= 12%) is NOT: the Primus MoE runs on MI355X with the alltoall
+    // dispatcher or on 32+ GPUs are under-predicted by 13-27% (MP-Q, MP-D1, MP-V1..V5), which
+    // no term of the model explains yet (their MBS, dispatcher and routing balance are partly
+    // assumed, see their notes). This gate holds the model where it is; tighten it as rows
+    // are explained.
     let v = validate(MEMORY);
     let table: Vec<String> = v
         .rows
@@ -98,8 +101,8 @@ fn megatron_family_error_gate() {
         .map(|r| format!("{} {:+.1}%", r.id, 100.0 * r.error().unwrap()))
         .collect();
     let m = v.aggregate(group::MEGATRON).unwrap();
-    assert!(m.rows >= 19, "{table:?}");
-    assert!(m.median_abs_error.unwrap() <= 0.13, "{table:?}");
+    assert!(m.rows >= 24, "{table:?}");
+    assert!(m.median_abs_error.unwrap() <= 0.05, "{table:?}");
     assert!(m.max_abs_error.unwrap() <= 0.28, "{table:?}");
     // The NVIDIA rows it gates (Megatron-Bridge's optimizer-offload sweep, model state after
     // the step) are within 1%: the offload fractions' 8 bytes per sharded parameter.

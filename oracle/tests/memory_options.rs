@@ -1,10 +1,16 @@
 //! The optimizer and activation memory options against hand-derived bytes (issue 15): the
 //! precision-aware optimizer's dtypes, optimizer CPU offload, FP8 parameters, dropout masks,
-//! layer-level activation offload, the allocator's overhead and the communicator buffers; and
-//! their legality rules.
+//! layer-level activation offload, the allocator's overhead, the communicator buffers and the
+//! fused token dispatchers' buffers; and their legality rules.
 
-use primus_oracle::layout::{Fraction, Layout, OptimizerDtype, Recompute};
+use primus_oracle::layout::{
+    FlexBackend, Fraction, Layout, MoeOptions, OptimizerDtype, Recompute, TokenDispatcher,
+};
 use primus_oracle::memory::allocator::{COMMUNICATOR_BYTES, communicators};
+use primus_oracle::memory::dispatcher::{
+    DEEPEP_CONFIGS, MEGATRON_DEEPEP_SMS, PRIMUS_TURBO_CONFIGS, PRIMUS_TURBO_DEEPEP_CUS,
+    deepep_config, deepep_nvl_bytes, deepep_rdma_bytes, dispatcher_bytes, hybridep_bytes,
+};
 use primus_oracle::memory::{
     Keep, MemoryOptions, estimate, layer_activation_bytes, optimizer::PARAM_REMAINDER_BYTES,
 };
@@ -221,6 +227,112 @@ fn communicator_buffers_are_counted_per_process_group() {
     assert_eq!(st.communicator_bytes, 3.0 * COMMUNICATOR_BYTES);
     // 9.1875 MiB x 16 channels x 2 connections.
     assert_eq!(st.communicator_bytes / 3.0 / 1024f64.powi(2), 294.0);
+}
+
+fn flex(backend: FlexBackend, ep: u32) -> Layout {
+    Layout {
+        ep,
+        moe: MoeOptions {
+            token_dispatcher: TokenDispatcher::Flex,
+            flex_backend: Some(backend),
+            ..MoeOptions::default()
+        },
+        ..Layout::default()
+    }
+}
+
+#[test]
+fn deepep_buffers_are_its_size_hints() {
+    // deepseek-ai/DeepEP csrc/legacy/config.hpp get_nvl_buffer_size_hint, by hand for
+    // DeepSeek-V3 (hidden 7168, BF16: 14,336 bytes) on 8 ranks with Megatron's 20 SMs
+    // (10 channels, 8 NVLink ranks, 1 RDMA rank, 256-token receive chunks):
+    // 10*8*(2*1+3)*4 = 1,600 + 10*8*256 * (14,336 + 8 source meta + 128*(8+4) top-k + 128*4
+    // scales = 16,392) = 335,708,160 -> 335,709,760, rounded up to 128: 335,709,824.
+    let c8 = deepep_config(&DEEPEP_CONFIGS, 8);
+    assert_eq!(
+        deepep_nvl_bytes(c8, MEGATRON_DEEPEP_SMS, 14_336.0, 8),
+        335_709_824.0
+    );
+    assert_eq!(deepep_rdma_bytes(c8, MEGATRON_DEEPEP_SMS, 14_336.0, 8), 0.0);
+    // 32 ranks (4 RDMA ranks; 288-token NVLink and 128-token RDMA chunks):
+    // NVLink 10*8*(2*4+3)*4 = 3,520 + 10*8*288*16,392 = 377,675,200 -> 377,675,264;
+    // RDMA 10*4*(8*2+2)*2*4 = 5,760 + 10*4*128 * 2*(16,392 + 16 int4) = 168,017,920 ->
+    // 168,023,680 (a multiple of 128).
+    let c32 = deepep_config(&DEEPEP_CONFIGS, 32);
+    assert_eq!(
+        deepep_nvl_bytes(c32, MEGATRON_DEEPEP_SMS, 14_336.0, 32),
+        377_675_264.0
+    );
+    assert_eq!(
+        deepep_rdma_bytes(c32, MEGATRON_DEEPEP_SMS, 14_336.0, 32),
+        168_023_680.0
+    );
+    // A size the table lacks takes the next larger row (DeepEP refuses it at start-up).
+    assert_eq!(deepep_config(&DEEPEP_CONFIGS, 12).ranks, 16);
+    assert_eq!(deepep_config(&DEEPEP_CONFIGS, 512).ranks, 160);
+    assert_eq!(deepep_config(&PRIMUS_TURBO_CONFIGS, 48).ranks, 64);
+
+    // In the estimate: DeepSeek-V3 on 64 H100, EP8 with DeepEP; none with alltoall.
+    let s = scenario("deepseek-v3", "h100-sxm", 64, 4096, 64);
+    let deepep = flex(FlexBackend::Deepep, 8);
+    assert_eq!(dispatcher_bytes(&s, &deepep), 335_709_824.0);
+    let alltoall = Layout {
+        ep: 8,
+        moe: MoeOptions {
+            token_dispatcher: TokenDispatcher::Alltoall,
+            ..MoeOptions::default()
+        },
+        ..Layout::default()
+    };
+    assert_eq!(dispatcher_bytes(&s, &alltoall), 0.0);
+    // Outside PyTorch's allocator: in the total and the other bytes, not in reserved.
+    let with = estimate(&s, &deepep).stages[0].clone();
+    let without = estimate(&s, &alltoall).stages[0].clone();
+    assert_eq!(with.dispatcher_bytes, 335_709_824.0);
+    assert_eq!(without.dispatcher_bytes, 0.0);
+    assert_eq!(
+        with.total_bytes,
+        with.reserved_bytes + with.communicator_bytes + with.dispatcher_bytes
+    );
+    assert_eq!(with.reserved_bytes, without.reserved_bytes);
+    assert_eq!(with.total_bytes - without.total_bytes, 335_709_824.0);
+    // A dense model has no dispatcher whatever the options say.
+    assert_eq!(dispatcher_bytes(&llama2_7b(), &deepep), 0.0);
+}
+
+#[test]
+fn primus_turbo_deepep_buffers_use_its_cu_count() {
+    // AMD-AGI/Primus-Turbo config.hpp (the same hint) with EPBufferConfig's 32 CUs (16
+    // channels), DeepSeek-V2-Lite (hidden 2048: 4,096 bytes) on 8 MI355X:
+    // 16*8*5*4 = 2,560 + 16*8*256 * (4,096 + 8 + 1,536 + 512 = 6,152) = 201,588,736 ->
+    // 201,591,296 (a multiple of 128).
+    let s = scenario("deepseek-v2-lite", "mi355x", 8, 4096, 64);
+    let l = flex(FlexBackend::PrimusTurboDeepep, 8);
+    assert_eq!(PRIMUS_TURBO_DEEPEP_CUS, 32);
+    assert_eq!(dispatcher_bytes(&s, &l), 201_591_296.0);
+}
+
+#[test]
+fn hybridep_buffers_hold_the_worst_case_of_the_group() {
+    // DeepEP hybrid-ep branch csrc/hybrid_ep/buffer/intranode.cu and internode_doca.cu, by
+    // hand for Qwen3-30B-A3B (hidden 2048, 128 experts) on 16 H100, EP16 (2 NVLink domains of
+    // 8, 8 local experts), 4,096 tokens per rank:
+    // NVLink 4,096*8*2 tokens * (2048*2 + 8*8*4 probabilities + 2048/128*4 scales = 4,416)
+    //   = 289,406,976;
+    // RDMA dispatch 4,096 * (4,096 + 8*8*2*4 + 64) + 4,096*1 * 4,416 = 37,224,448;
+    // RDMA combine 2 * 4,096*1 * (4,096 + 256) = 35,651,584; total 362,283,008.
+    assert_eq!(hybridep_bytes(4096, 2048.0, 8, 2, 8.0), 362_283_008.0);
+    let s = scenario("qwen3-30b-a3b", "h100-sxm", 16, 4096, 16);
+    let l = flex(FlexBackend::Hybridep, 16);
+    assert_eq!(dispatcher_bytes(&s, &l), 362_283_008.0);
+    // One domain: the NVLink buffers alone (EP8 on 8 GPUs: 4,096*8 tokens of 4,096 + 16*8*4
+    // + 64 bytes).
+    let s8 = scenario("qwen3-30b-a3b", "h100-sxm", 8, 4096, 8);
+    let l8 = flex(FlexBackend::Hybridep, 8);
+    assert_eq!(
+        dispatcher_bytes(&s8, &l8),
+        4096.0 * 8.0 * (4096.0 + 16.0 * 8.0 * 4.0 + 64.0)
+    );
 }
 
 #[test]

@@ -136,7 +136,7 @@ pub fn table(v: &MemoryValidation) -> String {
         out.push_str(&row_details(r));
     }
     out.push_str(
-        "\nGiB per GPU. PREDICTED is the row's metric (allocated, reserved or device-used) at its stage; TOTAL is the verdict's peak (reserved + communicator buffers) against USABLE.\n",
+        "\nGiB per GPU. PREDICTED is the row's metric (allocated, reserved or device-used) at its stage; TOTAL is the verdict's peak (reserved + communicator and dispatcher buffers) against USABLE.\n",
     );
     out.push_str(
         "Error statistics (rows that ran, with a peak, needing no option the model lacks):\n",

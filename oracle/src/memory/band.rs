@@ -26,9 +26,11 @@ pub const MEGATRON_DENSE_OVER: f64 = 0.11;
 /// Under-prediction bound of Megatron-family dense jobs: no gated dense row is under-predicted
 /// (MP-L1 +10.3%, MP-L2 +1.1%): the runtime headroom warning is the only margin below usable.
 pub const MEGATRON_DENSE_UNDER: f64 = 0.0;
-/// Over-prediction bound of Megatron-family MoE jobs: no gated MoE row with a measured peak is
-/// over-predicted (largest -0.2%, MB-O4); of the throughput rows that ran, N5 (Qwen3-30B-A3B
-/// FP8 on 16 H100, TP1 PP2 VPP24 EP8, MBS 2) is predicted 2.9% over usable. (It was 8%, from
+/// Over-prediction bound of Megatron-family MoE jobs: the gated MoE rows with a measured peak
+/// are over-predicted by at most 1.3% (MP-V7, MP-V10: DeepSeek-V2-Lite with Primus-Turbo DeepEP
+/// on 8 MI355X, device-level, gated since the dispatchers' buffers are modelled); of the
+/// throughput rows that ran, N5 (Qwen3-30B-A3B FP8 on 16 H100, TP1 PP2 VPP24 EP8, MBS 2) is
+/// predicted 2.9% over usable. (It was 8%, from
 /// N12, gpt-oss-120b on 64 B200 at MBS 4, until issue 16 read that recipe's selective recompute
 /// of layernorm and moe_act, with which N12 fits at -1.7%.)
 pub const MEGATRON_MOE_OVER: f64 = 0.03;

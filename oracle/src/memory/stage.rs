@@ -17,7 +17,7 @@ use super::activations::{
 use super::optimizer::{StateBytes, state_bytes};
 use super::{
     FSDP_UNSHARDED_LAYERS, PP_P2P_BUFFERS, SP_GATHER_BUFFERS, StageMemory, TP_OVERLAP_BUFFERS,
-    VOCAB_PAD_MULTIPLE, allocator,
+    VOCAB_PAD_MULTIPLE, allocator, dispatcher,
 };
 
 /// Layers of offloaded activations resident on the GPU at once with layer-level activation
@@ -80,6 +80,7 @@ pub(super) struct Ctx<'a> {
     moe_dispatch: f64,
     allocator_overhead: f64,
     communicators: f64,
+    dispatcher: f64,
 }
 
 impl LayerActivations {
@@ -192,6 +193,7 @@ impl<'a> Ctx<'a> {
             moe_dispatch,
             allocator_overhead: allocator::overhead_fraction(&s.hardware, l),
             communicators: allocator::communicator_bytes(s, l),
+            dispatcher: dispatcher::dispatcher_bytes(s, l),
         }
     }
 }
@@ -258,7 +260,9 @@ impl Ctx<'_> {
         let tensors = state.weights + state.gradients + state.optimizer + activations + buffers;
         let fragmentation = self.allocator_overhead * tensors;
         let reserved = tensors + fragmentation;
-        let other = buffers + fragmentation + self.communicators;
+        // Outside PyTorch's allocator: in the total, not in the reserved bytes.
+        let outside = self.communicators + self.dispatcher;
+        let other = buffers + fragmentation + outside;
         StageMemory {
             stage: rank,
             layers: t.layers,
@@ -267,7 +271,7 @@ impl Ctx<'_> {
             optimizer_bytes: state.optimizer,
             activations_bytes: activations,
             other_bytes: other,
-            total_bytes: reserved + self.communicators,
+            total_bytes: reserved + outside,
             inflight_microbatches: inflight,
             parameters: params.dense + params.expert,
             mtp_layers: t.mtp,
@@ -277,6 +281,7 @@ impl Ctx<'_> {
             buffers_bytes: buffers,
             fragmentation_bytes: fragmentation,
             communicator_bytes: self.communicators,
+            dispatcher_bytes: self.dispatcher,
             allocated_bytes: tensors,
             reserved_bytes: reserved,
         }

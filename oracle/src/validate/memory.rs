@@ -25,8 +25,9 @@
 //!   framework's default);
 //! - options the model does not have yet, each with the values it knows, so a row that needs
 //!   one is reported (and kept out of the error gate) with the reason: `tokenDispatcher`
-//!   (`alltoall`, `allgather` are modelled; `deepep`, `primus-turbo-deepep`, `hybridep` keep
-//!   buffers outside PyTorch's allocator), `cudaGraph` (`none`; `te-scoped`, `full-iteration`),
+//!   (every value modelled: `alltoall`, `allgather`, and `deepep`, `primus-turbo-deepep`,
+//!   `hybridep` with their buffers outside PyTorch's allocator, `memory::dispatcher`),
+//!   `cudaGraph` (`none`; `te-scoped`, `full-iteration`),
 //!   `syncFreeMoeStage` (0, 1; 2, 3 preallocate worst-case buffers), `moeForceLoadBalancing`
 //!   (`true`; `false` = real routing imbalance), `groupedGemm` (`legacy`; `turbo`),
 //!   `ppAlgorithm` (Primus-pipeline schedules `zbb`, `zbv-formatted`, `v-half`, `v-min`) and
@@ -164,7 +165,7 @@ impl PeakMetric {
     ];
 
     /// The predicted value of this metric on one stage: allocated tensors, plus the allocator
-    /// overhead, plus the communicator buffers and the runtime reserve.
+    /// overhead, plus the communicator and dispatcher buffers and the runtime reserve.
     fn of(self, st: &StageMemory, runtime_reserve: f64) -> f64 {
         match self {
             PeakMetric::Allocated => st.allocated_bytes,
@@ -225,7 +226,8 @@ pub struct MemoryRow {
     pub outcome: Outcome,
     /// Every metric the row measured, the primary one first.
     pub measurements: Vec<Measurement>,
-    /// Predicted peak total (reserved + communicator buffers) of the bottleneck stage, GiB.
+    /// Predicted peak total (reserved + communicator and dispatcher buffers) of the bottleneck
+    /// stage, GiB.
     pub predicted_total_gib: Option<f64>,
     pub usable_gib: Option<f64>,
     /// The error band of the row's kind of job (Megatron-family rows).
@@ -692,10 +694,7 @@ fn row_meta(row: &Row) -> Result<RowMeta, String> {
         "last" => PeakStage::Last,
         o => return Err(format!("column peakStage: {o:?} is not max, first or last")),
     };
-    let device = !row.get(PeakMetric::DeviceUsed.column()).is_empty()
-        && row.get(PeakMetric::Reserved.column()).is_empty()
-        && row.get(PeakMetric::Allocated.column()).is_empty();
-    let needs_option = needs_option(row, device)?;
+    let needs_option = needs_option(row)?;
     Ok(RowMeta {
         framework,
         outcome,
@@ -704,24 +703,24 @@ fn row_meta(row: &Row) -> Result<RowMeta, String> {
     })
 }
 
-/// The first option cell the model does not have yet (see the module documentation); the
-/// dispatchers' buffers matter only to a device-level number.
-fn needs_option(row: &Row, device: bool) -> Result<Option<String>, String> {
-    const OUTSIDE: &str =
-        "dispatcher buffers outside PyTorch's allocator, in the device-level number; issue 16";
+/// The first option cell the model does not have yet (see the module documentation).
+fn needs_option(row: &Row) -> Result<Option<String>, String> {
+    // Every dispatcher is modelled, the fused ones' buffers outside PyTorch's allocator
+    // included (`memory::dispatcher`); the cell is still checked for a known word.
     let dispatcher = option_cell(
         row,
         "tokenDispatcher",
-        &["alltoall", "allgather"],
         &[
-            ("deepep", OUTSIDE),
-            ("primus-turbo-deepep", OUTSIDE),
-            ("hybridep", OUTSIDE),
+            "alltoall",
+            "allgather",
+            "deepep",
+            "primus-turbo-deepep",
+            "hybridep",
             // The throughput CSVs' word (with `flexBackend`).
-            ("flex", OUTSIDE),
+            "flex",
         ],
-    )?
-    .filter(|_| device);
+        &[],
+    )?;
     // The throughput CSVs' CUDA-graph words (`te(attn+moe_router)`, `local`, `full_iteration`)
     // are judged on the verdict alone, as before they had the column.
     let graph_words = row.get("cudaGraph");
