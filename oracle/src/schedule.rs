@@ -421,6 +421,26 @@ impl Simulator {
         wait
     }
 
+    /// The idle gap before each of the last `count` passes of `rank` in the last planned run,
+    /// uncapped (what [`Simulator::p2p_wait`] caps at one message time), appended to `out`.
+    fn tail_gaps(&self, rank: usize, count: usize, out: &mut Vec<f64>) {
+        if !self.planned || self.built.key.is_none_or(|k| rank >= k.pp) {
+            return;
+        }
+        let ops =
+            &self.built.rank_ops[self.built.rank_ops_at[rank]..self.built.rank_ops_at[rank + 1]];
+        let from = ops.len().saturating_sub(count);
+        let mut prev = match from {
+            0 => 0.0,
+            f => self.end[ops[f - 1].pos as usize],
+        };
+        for op in &ops[from..] {
+            let e = self.end[op.pos as usize];
+            out.push((e - self.durations[op.dur as usize] - prev).max(0.0));
+            prev = e;
+        }
+    }
+
     fn run_plan(&mut self, c: &StageCosts, pp: usize, vpp: usize, m: usize) {
         let nvs = pp * vpp;
         let n = self.built.plan.len();

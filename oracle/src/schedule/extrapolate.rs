@@ -4,8 +4,10 @@
 //! projection reads (each rank's end, busy time, message waits and first forward, each
 //! virtual stage's last backward) is affine in the micro-batch count `m` along `m1 + k*P`.
 //! Three runs `P` micro-batches apart measure the slope and check that it holds (equal
-//! differences); the results at `m` follow from the first run and the slope. When the three
-//! runs do not fit in the budget, or the differences disagree, the schedule is
+//! differences) and that each rank's last step of passes waits the same gaps in all three (a
+//! gap that still drifts, hidden while it exceeds the message time the waits are capped at,
+//! changes the waits later); the results at `m` follow from the first run and the slope. When
+//! the three runs do not fit in the budget, or disagree, the schedule is
 //! [`ScheduleError::TooLarge`].
 
 use super::{LastBackward, RankTimeline, ScheduleError, ScheduleSummary, Simulator, StageCosts};
@@ -80,9 +82,17 @@ impl Simulator {
         let nvs = pp * vpp;
         let step = GROUPS_PER_STEP * pp;
         let mut runs = Vec::with_capacity(3);
+        let mut gaps = Vec::with_capacity(3);
+        // One step's passes per rank (two per micro-batch and chunk) and the cool-down after.
+        let tail = 2 * vpp * step;
         for k in 0..3 {
             self.simulate_exact(schedule, c, (pp, vpp), m1 + k * step, false)?;
             runs.push(snapshot(self));
+            let mut g = Vec::new();
+            for r in 0..pp {
+                self.tail_gaps(r, tail, &mut g);
+            }
+            gaps.push(g);
         }
         let makespan = runs[2].chunks(4).take(pp).map(|r| r[0]).fold(0.0, f64::max);
         let tol = TOLERANCE * makespan.abs().max(f64::MIN_POSITIVE);
@@ -95,6 +105,12 @@ impl Simulator {
         let ends = (0..pp).map(|r| 4 * r).chain(4 * pp..runs[0].len());
         for i in ends {
             if !((runs[1][i] - runs[0][i]) - period).abs().le(&tol) {
+                return Ok(None);
+            }
+        }
+        // A steady state waits the same gaps at its end, whatever its length.
+        for (g0, g) in gaps.iter().zip(&gaps[1..]) {
+            if g0.len() != g.len() || g0.iter().zip(g).any(|(a, b)| !(a - b).abs().le(&tol)) {
                 return Ok(None);
             }
         }
