@@ -153,6 +153,17 @@ pub fn peak_bytes(s: &Scenario, l: &Layout) -> (f64, u32) {
     peak_bytes_with(s, l, &MemoryOptions::default())
 }
 
+/// [`peak_bytes`] without the fused token dispatcher's buffers ([`dispatcher`]), which add the
+/// same bytes to every stage: `peak + dispatcher::dispatcher_bytes(s, l)` is [`peak_bytes`]'s
+/// peak exactly (floating-point addition is monotone, and a stage's total adds them last).
+/// The tuner's screen computes it once for the MoE choices of a structure.
+pub fn peak_bytes_before_dispatcher(s: &Scenario, l: &Layout) -> (f64, u32) {
+    peak_of(
+        Ctx::new(s, l, &MemoryOptions::default()).without_dispatcher(),
+        l,
+    )
+}
+
 /// The memory of one pipeline stage (`stage` < pp) of [`estimate`], computed alone.
 pub fn stage_memory(s: &Scenario, l: &Layout, stage: u32) -> StageMemory {
     Ctx::new(s, l, &MemoryOptions::default()).stage(stage.min(l.pp.max(1) - 1))
@@ -174,7 +185,10 @@ pub fn estimate_with(s: &Scenario, l: &Layout, opts: &MemoryOptions) -> MemoryRe
 
 /// [`peak_bytes`] with explicit options.
 pub fn peak_bytes_with(s: &Scenario, l: &Layout, opts: &MemoryOptions) -> (f64, u32) {
-    let ctx = Ctx::new(s, l, opts);
+    peak_of(Ctx::new(s, l, opts), l)
+}
+
+fn peak_of(ctx: Ctx<'_>, l: &Layout) -> (f64, u32) {
     let mut peak = f64::NEG_INFINITY;
     let mut bottleneck = 0;
     for r in 0..l.pp.max(1) {

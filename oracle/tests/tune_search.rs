@@ -4,7 +4,8 @@
 //! repeat exactly, and searcher `none` projects the plan's layout as given.
 
 use primus_oracle::layout::{
-    Dispatch, GroupedGemm, Layout, PipelineLayout, Recompute, RecomputeModule, Schedule,
+    Dispatch, FlexBackend, GroupedGemm, Layout, PipelineLayout, Recompute, RecomputeModule,
+    Schedule,
 };
 use primus_oracle::memory;
 use primus_oracle::plan::{AllowedAxes, Plan, SearcherKind, parse_plan};
@@ -229,14 +230,42 @@ fn tuning_yaml(a: &AllowedAxes, headroom: f64) -> String {
 
 #[test]
 fn exhaustive_finds_the_brute_force_optimum() {
-    let cases = [
-        ("llama3.1-8b", "h100-sxm", 16, 8192, 64, true, 0.92),
-        ("llama3.1-70b", "mi300x", 16, 4096, 32, true, 0.92),
-        ("llama3.1-70b", "h100-sxm", 16, 8192, 64, true, 0.6),
-        ("mixtral-8x7b", "h100-sxm", 16, 4096, 64, false, 0.92),
+    // Model, GPU, GPUs, sequence, global batch, dense, headroom, and the dispatchers the
+    // profile runs (None: small_space's alltoall, DeepEP, HybridEP).
+    type Case = (
+        &'static str,
+        &'static str,
+        u32,
+        u64,
+        u64,
+        bool,
+        f64,
+        Option<&'static [Dispatch]>,
+    );
+    const GB200_DISPATCH: &[Dispatch] = &[Dispatch::Alltoall, Dispatch::Hybridep];
+    let cases: [Case; 5] = [
+        ("llama3.1-8b", "h100-sxm", 16, 8192, 64, true, 0.92, None),
+        ("llama3.1-70b", "mi300x", 16, 4096, 32, true, 0.92, None),
+        ("llama3.1-70b", "h100-sxm", 16, 8192, 64, true, 0.6, None),
+        ("mixtral-8x7b", "h100-sxm", 16, 4096, 64, false, 0.92, None),
+        // HybridEP's worst-case buffers (GiB at MBS 4 on GB200) against a tight headroom: the
+        // MoE choices of one structure differ in memory.
+        (
+            "mixtral-8x7b",
+            "gb200",
+            16,
+            8192,
+            64,
+            false,
+            0.45,
+            Some(GB200_DISPATCH),
+        ),
     ];
-    for (model, gpu, gpus, seq, gbs, dense, headroom) in cases {
-        let a = small_space(dense);
+    for (model, gpu, gpus, seq, gbs, dense, headroom, dispatch) in cases {
+        let mut a = small_space(dense);
+        if let Some(d) = dispatch {
+            a.dispatch = Some(d.to_vec());
+        }
         let p = plan_of(model, gpu, gpus, seq, gbs, &tuning_yaml(&a, headroom));
         let expected = brute_force(&p, &a);
         let pruned = run(&p, &mut Exhaustive { prune: true });
@@ -274,6 +303,45 @@ fn exhaustive_finds_the_brute_force_optimum() {
             full.evaluated + full.rejected_by_rules + full.rejected_by_memory + full.pruned,
             "{what}: every candidate is accounted for"
         );
+    }
+}
+
+#[test]
+fn a_flex_backend_is_not_pruned_for_a_faster_one_with_larger_buffers() {
+    // Qwen3-30B-A3B on 32 H100, EP16 across two nodes, seq 3840: HybridEP's bound beats
+    // DeepEP's (its RDMA path is faster), but at MBS 2 its worst-case buffers
+    // (memory::dispatcher, ~0.5 GiB more) put it over the 97% headroom (+3% band) where DeepEP
+    // fits. A screen that took the flex backends to hold the same memory pruned DeepEP at
+    // MBS 2 for HybridEP and returned HybridEP MBS 1 (6,266 tok/s/GPU); the brute-force
+    // optimum is DeepEP MBS 2 (6,434).
+    let a = AllowedAxes {
+        tp: Some(vec![1]),
+        pp: Some(vec![1]),
+        vpp: Some(vec![1]),
+        cp: Some(vec![1]),
+        ep: Some(vec![16]),
+        etp: Some(vec![1]),
+        micro_batch_size: Some(vec![1, 2, 4]),
+        recompute: Some(vec![Recompute::None]),
+        recompute_modules: Some(vec![vec![RecomputeModule::CoreAttn]]),
+        schedule: None,
+        dispatch: Some(vec![Dispatch::Deepep, Dispatch::Hybridep]),
+        ep_overlap: Some(vec![false]),
+    };
+    let p = plan_of(
+        "qwen3-30b-a3b",
+        "h100-sxm",
+        32,
+        3840,
+        256,
+        &tuning_yaml(&a, 0.97),
+    );
+    let (expected, t) = brute_force(&p, &a).expect("a layout fits");
+    assert_eq!(expected.moe.backend(), Some(FlexBackend::Deepep));
+    assert_eq!(expected.micro_batch_size, 2);
+    for prune in [true, false] {
+        let r = run(&p, &mut Exhaustive { prune });
+        assert_eq!(best_tps(&r), Some(t), "prune {prune}: {:?}", r.best);
     }
 }
 

@@ -140,6 +140,12 @@ impl LayerActivations {
 }
 
 impl<'a> Ctx<'a> {
+    /// The same context without the fused dispatcher's buffers.
+    pub(super) fn without_dispatcher(mut self) -> Ctx<'a> {
+        self.dispatcher = 0.0;
+        self
+    }
+
     pub(super) fn new(s: &'a Scenario, l: &'a Layout, opts: &MemoryOptions) -> Ctx<'a> {
         let card = &s.model;
         let tp = l.tp.max(1) as f64;
@@ -261,8 +267,7 @@ impl Ctx<'_> {
         let fragmentation = self.allocator_overhead * tensors;
         let reserved = tensors + fragmentation;
         // Outside PyTorch's allocator: in the total, not in the reserved bytes.
-        let outside = self.communicators + self.dispatcher;
-        let other = buffers + fragmentation + outside;
+        let other = buffers + fragmentation + self.communicators + self.dispatcher;
         StageMemory {
             stage: rank,
             layers: t.layers,
@@ -271,7 +276,9 @@ impl Ctx<'_> {
             optimizer_bytes: state.optimizer,
             activations_bytes: activations,
             other_bytes: other,
-            total_bytes: reserved + outside,
+            // Summed in this order so that a total without the dispatcher plus its bytes is
+            // this total exactly (the tuner's screen adds each MoE choice's own).
+            total_bytes: reserved + self.communicators + self.dispatcher,
             inflight_microbatches: inflight,
             parameters: params.dense + params.expert,
             mtp_layers: t.mtp,

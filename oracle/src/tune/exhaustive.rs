@@ -31,12 +31,13 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 
 use super::bound::ThroughputBound;
-use super::prefilter::Rejection;
+use super::prefilter::{Rejection, memory_reason};
 use super::seed::SeedPlanner;
 use super::space::{MoeChoice, RecomputeChoice, Structure};
 use super::trials::{Source, Trial, TrialLog};
 use super::{Context, Outcome, Scored, Searcher, Stats, TopK, least_fitting, non_dominated};
 use crate::layout::{ModuleSet, Recompute, RuleId};
+use crate::memory;
 use crate::plan::SearcherKind;
 
 /// The exhaustive searcher.
@@ -287,13 +288,16 @@ fn cannot_win(ctx: &Context<'_>, known: f64, upper: Option<f64>, task: &Task) ->
 }
 
 /// Whether another flex backend of the space beats this structure's at this micro-batch size
-/// (EP overlap off): the flex backends hold the same memory and differ only in the dispatch
-/// and combine time, which enters the forward and the backward of every MoE layer alike, so
-/// the one with the larger throughput bound is faster for every pipeline and recomputation
-/// (ties go to the backend listed first). With EP overlap the dispatch hides behind other
-/// work to a degree the bound does not see, and the order can flip (Qwen3-30B-A3B on 16 H100,
-/// TP2 EP8 MBS2: without overlap DeepEP 8,181 > HybridEP 7,347 tok/s/GPU, with it HybridEP
-/// 9,731 > DeepEP 9,332): no pruning then.
+/// (EP overlap off) and fits wherever it fits: the flex backends differ in time only in the
+/// dispatch and combine, which enter the forward and the backward of every MoE layer alike,
+/// so the one with the larger throughput bound is faster for every pipeline and recomputation
+/// (ties go to the backend listed first); in memory only in their buffers
+/// ([`crate::memory::dispatcher`]), added alike to every stage, so a backend with no more
+/// buffer bytes fits whenever this one does (one with more may not: no pruning then; test
+/// `a_flex_backend_is_not_pruned_for_a_faster_one_with_larger_buffers`). With EP overlap the
+/// dispatch hides behind other work to a degree the bound does not see, and the order can
+/// flip (Qwen3-30B-A3B on 16 H100, TP2 EP8 MBS2: without overlap DeepEP 8,181 > HybridEP
+/// 7,347 tok/s/GPU, with it HybridEP 9,731 > DeepEP 9,332): no pruning then.
 fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mbs: u32) -> bool {
     let Some(choice) = st.moe else {
         return false;
@@ -302,43 +306,54 @@ fn flex_dominated(ctx: &Context<'_>, bound: &ThroughputBound, st: &Structure, mb
         return false;
     }
     let space = ctx.space;
-    let upper_of = |d| {
+    let s = ctx.scenario;
+    let layout_of = |d| {
         let mut other = *st;
         other.moe = Some(MoeChoice {
             dispatch: d,
             ep_overlap: choice.ep_overlap,
         });
-        bound
-            .upper(ctx, &space.layout(&other, mbs, RecomputeChoice::NONE))
-            .unwrap_or(0.0)
+        space.layout(&other, mbs, RecomputeChoice::NONE)
     };
-    let own = upper_of(choice.dispatch);
+    let own_layout = layout_of(choice.dispatch);
+    let own = bound.upper(ctx, &own_layout).unwrap_or(0.0);
+    let own_buffers = memory::dispatcher::dispatcher_bytes(s, &own_layout);
     let own_index = space.dispatch.iter().position(|d| *d == choice.dispatch);
     space.dispatch.iter().enumerate().any(|(i, &d)| {
         if d == choice.dispatch || d.parts().1.is_none() {
             return false;
         }
-        let other = upper_of(d);
+        let l = layout_of(d);
+        if memory::dispatcher::dispatcher_bytes(s, &l) > own_buffers {
+            return false;
+        }
+        let other = bound.upper(ctx, &l).unwrap_or(0.0);
         other > own * (1.0 + BOUND_MARGIN)
             || (other >= own * (1.0 - BOUND_MARGIN) && Some(i) < own_index)
     })
 }
 
 /// What the structures of one MoE run share during the screen: the structure rules per
-/// micro-batch size with the layouts they rejected so far, the memory verdicts found so far
-/// (micro-batch size, recompute choice, verdict, layouts it rejected so far), and the
-/// examined layouts not yet reported to the progress. The counts go into the run's `Stats`
-/// once at its end (one map update per rule, not per structure).
+/// micro-batch size with the layouts they rejected so far, the memory peaks found so far
+/// (see [`RunPeak`]) and the memory rejections (see [`MemoryRejection`]), and the examined
+/// layouts not yet reported to the progress. The counts go into the run's `Stats` once at
+/// its end (one map update per rule, not per structure).
 struct Shared<'a> {
     structure_rules: &'a [Result<(), RuleId>],
     rule_rejected: &'a mut [u64],
-    memory: &'a mut Vec<MemoryVerdict>,
+    peaks: &'a mut Vec<RunPeak>,
+    memory: &'a mut Vec<MemoryRejection>,
     examined: &'a mut u64,
 }
 
-/// A memory verdict of a run: micro-batch size, recompute choice, verdict (the reason of a
-/// rejection), and how many layouts it rejected.
-type MemoryVerdict = (u32, RecomputeChoice, Result<(), &'static str>, u64);
+/// A memory peak of a run: micro-batch size, recompute choice, the peak without the fused
+/// dispatcher's buffers (the only memory the MoE choice moves: each structure adds its own,
+/// `memory::peak_bytes_before_dispatcher`) and its stage.
+type RunPeak = (u32, RecomputeChoice, f64, u32);
+
+/// Memory rejections of a run: micro-batch size, recompute choice, the dispatcher's buffer
+/// bytes (as bits, compared exactly), the reason, and how many layouts it rejected.
+type MemoryRejection = (u32, RecomputeChoice, u64, &'static str, u64);
 
 /// Runs of adjacent structures that differ only in the MoE choice ([`Space::structures`]
 /// enumerates it innermost), as index ranges.
@@ -389,7 +404,7 @@ impl Exhaustive {
     /// Phase 1 for a run of structures that differ only in the MoE choice (`first` is the
     /// index of the run's first): the structure rules are checked once per micro-batch size
     /// for the run, the memory once per micro-batch size and recompute family (the MoE
-    /// choice moves no byte).
+    /// choice moves only the dispatcher's buffers, added per structure).
     fn screen_run(
         &self,
         ctx: &Context<'_>,
@@ -410,7 +425,8 @@ impl Exhaustive {
             })
             .collect();
         let mut rule_rejected = vec![0u64; structure_rules.len()];
-        let mut memory: Vec<MemoryVerdict> = Vec::new();
+        let mut peaks: Vec<RunPeak> = Vec::new();
+        let mut memory: Vec<MemoryRejection> = Vec::new();
         let mut examined = 0u64;
         let mut out = Screened {
             stats: Stats::default(),
@@ -421,6 +437,7 @@ impl Exhaustive {
             let shared = Shared {
                 structure_rules: &structure_rules,
                 rule_rejected: &mut rule_rejected,
+                peaks: &mut peaks,
                 memory: &mut memory,
                 examined: &mut examined,
             };
@@ -434,12 +451,8 @@ impl Exhaustive {
                 out.stats.reject_rule(*r, count);
             }
         }
-        for &(_, _, verdict, count) in &memory {
-            if let Err(reason) = verdict
-                && count > 0
-            {
-                out.stats.reject_memory(reason, count);
-            }
+        for &(_, _, _, reason, count) in &memory {
+            out.stats.reject_memory(reason, count);
         }
         ctx.progress.add(examined, 0);
         out
@@ -485,24 +498,38 @@ impl Exhaustive {
                 *shared.examined += family;
                 continue;
             }
-            // The run shares the memory verdicts and their reasons (the MoE choice moves no
-            // byte): the layout is built only to compute one.
-            let at = match shared
-                .memory
+            // The run shares the memory peak (the MoE choice moves only the dispatcher's
+            // buffers, which do not depend on recomputation: each structure adds its own) and
+            // the reasons of its rejections: a layout is built only to compute one.
+            let (base, stage) = match shared
+                .peaks
                 .iter()
-                .position(|(m, c, _, _)| *m == mbs && *c == most_saving)
+                .find(|(m, c, _, _)| *m == mbs && *c == most_saving)
             {
-                Some(at) => at,
+                Some(&(_, _, peak, stage)) => (peak, stage),
                 None => {
                     let most = space.layout(st, mbs, most_saving);
-                    let r = ctx.filter.memory_reason(s, &most);
-                    shared.memory.push((mbs, most_saving, r, 0));
-                    shared.memory.len() - 1
+                    let (peak, stage) = memory::peak_bytes_before_dispatcher(s, &most);
+                    shared.peaks.push((mbs, most_saving, peak, stage));
+                    (peak, stage)
                 }
             };
-            if shared.memory[at].2.is_err() {
+            let buffers = memory::dispatcher::dispatcher_bytes(s, &first);
+            if ctx.filter.rejects(base + buffers) {
                 // Nothing of this micro-batch size fits, nor of any larger one.
-                shared.memory[at].3 += 1;
+                let bits = buffers.to_bits();
+                match shared
+                    .memory
+                    .iter_mut()
+                    .find(|(m, c, b, _, _)| *m == mbs && *c == most_saving && *b == bits)
+                {
+                    Some(r) => r.4 += 1,
+                    None => {
+                        let most = space.layout(st, mbs, most_saving);
+                        let reason = memory_reason(s, &most, stage);
+                        shared.memory.push((mbs, most_saving, bits, reason, 1));
+                    }
+                }
                 *shared.examined += 1;
                 stats.pruned += family - 1 + (mbs_list.len() - i - 1) as u64 * family;
                 break;

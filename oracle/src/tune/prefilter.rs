@@ -81,10 +81,15 @@ impl Prefilter {
         l.check(s).map_err(Rejection::Rule)
     }
 
+    /// Whether a predicted peak is rejected: above the headroom limit widened by the band.
+    pub fn rejects(&self, peak_bytes: f64) -> bool {
+        peak_bytes > self.reject_above_bytes
+    }
+
     /// The memory check alone (the layout is assumed legal): no allocation.
     pub fn memory(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
         let (peak, stage) = memory::peak_bytes(s, l);
-        if peak <= self.reject_above_bytes {
+        if !self.rejects(peak) {
             Ok(())
         } else {
             Err(Rejection::Memory {
@@ -112,7 +117,7 @@ impl Prefilter {
 }
 
 /// What dominates an overflowing stage.
-fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
+pub(crate) fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
     let pp = l.pp.max(1);
     let position = if pp == 1 {
         0
