@@ -100,15 +100,6 @@ impl Prefilter {
         }
     }
 
-    /// The memory check with only what the counters keep of a rejection: its reason (what
-    /// dominates the overflowing stage, as [`Stats::reject`] counts it).
-    pub fn memory_reason(&self, s: &Scenario, l: &Layout) -> Result<(), &'static str> {
-        match self.memory(s, l) {
-            Err(Rejection::Memory { stage, .. }) => Err(memory_reason(s, l, stage)),
-            _ => Ok(()),
-        }
-    }
-
     /// Rules, then memory.
     pub fn check(&self, s: &Scenario, l: &Layout) -> Result<(), Rejection> {
         self.rules(s, l)?;
@@ -116,7 +107,7 @@ impl Prefilter {
     }
 }
 
-/// What dominates an overflowing stage.
+/// What dominates stage `stage` of an overflowing layout (the reason the counters keep).
 pub(crate) fn memory_reason(s: &Scenario, l: &Layout, stage: u32) -> &'static str {
     let pp = l.pp.max(1);
     let position = if pp == 1 {
@@ -208,7 +199,7 @@ impl Stats {
     }
 
     /// Count `count` layouts the memory pre-filter rejects for `reason` (what
-    /// [`Prefilter::memory_reason`] gave for one of them).
+    /// `memory_reason` gave for one of them).
     pub fn reject_memory(&mut self, reason: &'static str, count: u64) {
         self.rejected_by_memory += count;
         match self.memory.get_mut(reason) {
