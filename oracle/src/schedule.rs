@@ -399,46 +399,40 @@ impl Simulator {
         if !self.planned {
             return self.ranks.get(rank).map(|r| r.p2p_wait).unwrap_or(0.0);
         }
-        let Some(key) = self.built.key else {
-            return 0.0;
-        };
-        if rank >= key.pp {
-            return 0.0;
-        }
         let message = [0.0, self.message];
-        let mut prev = 0.0;
-        let mut wait = 0.0;
-        for op in
-            &self.built.rank_ops[self.built.rank_ops_at[rank]..self.built.rank_ops_at[rank + 1]]
-        {
-            let e = self.end[op.pos as usize];
-            let start = e - self.durations[op.dur as usize];
-            let msg = message[op.cross as usize];
-            let waited = (start - prev).max(0.0);
-            wait += if waited < msg { waited } else { msg };
-            prev = e;
-        }
-        wait
+        self.gaps(rank, usize::MAX).fold(0.0, |wait, (waited, op)| {
+            wait + waited.min(message[op.cross as usize])
+        })
     }
 
     /// The idle gap before each of the last `count` passes of `rank` in the last planned run,
     /// uncapped (what [`Simulator::p2p_wait`] caps at one message time), appended to `out`.
     fn tail_gaps(&self, rank: usize, count: usize, out: &mut Vec<f64>) {
-        if !self.planned || self.built.key.is_none_or(|k| rank >= k.pp) {
-            return;
+        if self.planned {
+            out.extend(self.gaps(rank, count).map(|(gap, _)| gap));
         }
-        let ops =
-            &self.built.rank_ops[self.built.rank_ops_at[rank]..self.built.rank_ops_at[rank + 1]];
+    }
+
+    /// The idle gap before each of the last `count` passes of `rank` in the current plan, with
+    /// the pass (none for a rank the plan lacks).
+    fn gaps(&self, rank: usize, count: usize) -> impl Iterator<Item = (f64, &RankOp)> {
+        let ops = match self.built.key {
+            Some(k) if rank < k.pp => {
+                &self.built.rank_ops[self.built.rank_ops_at[rank]..self.built.rank_ops_at[rank + 1]]
+            }
+            _ => &[],
+        };
         let from = ops.len().saturating_sub(count);
         let mut prev = match from {
             0 => 0.0,
             f => self.end[ops[f - 1].pos as usize],
         };
-        for op in &ops[from..] {
+        ops[from..].iter().map(move |op| {
             let e = self.end[op.pos as usize];
-            out.push((e - self.durations[op.dur as usize] - prev).max(0.0));
+            let gap = (e - self.durations[op.dur as usize] - prev).max(0.0);
             prev = e;
-        }
+            (gap, op)
+        })
     }
 
     fn run_plan(&mut self, c: &StageCosts, pp: usize, vpp: usize, m: usize) {
