@@ -118,6 +118,15 @@ pub fn deepep_config(table: &[DeepepConfig], ranks: u32) -> DeepepConfig {
         .unwrap_or(row(ranks, 256, 128))
 }
 
+/// Bytes of one receive slot of both size hints: the token, its source meta, the top-k indices
+/// and weights and the FP8 scales at their most.
+fn deepep_slot_bytes(hidden_bytes: f64) -> f64 {
+    hidden_bytes
+        + DEEPEP_SOURCE_META_BYTES
+        + DEEPEP_MAX_TOPK * (TOPK_IDX_BYTES + FP32_BYTES)
+        + DEEPEP_MAX_SCALES * FP32_BYTES
+}
+
 /// `Config::get_nvl_buffer_size_hint`: bytes of the NVLink/xGMI buffer of a DeepEP group of
 /// `ranks` with `sms` SMs and `hidden_bytes` per token.
 pub fn deepep_nvl_bytes(c: DeepepConfig, sms: u32, hidden_bytes: f64, ranks: u32) -> f64 {
@@ -125,12 +134,8 @@ pub fn deepep_nvl_bytes(c: DeepepConfig, sms: u32, hidden_bytes: f64, ranks: u32
     let nvl = ranks.min(DEEPEP_NVL_PEERS) as f64;
     let rdma = (ranks / DEEPEP_NVL_PEERS).max(1) as f64;
     let slots = channels * nvl * c.nvl_recv_tokens as f64;
-    let bytes = channels * nvl * (2.0 * rdma + 3.0) * INT_BYTES
-        + slots
-            * (hidden_bytes
-                + DEEPEP_SOURCE_META_BYTES
-                + DEEPEP_MAX_TOPK * (TOPK_IDX_BYTES + FP32_BYTES)
-                + DEEPEP_MAX_SCALES * FP32_BYTES);
+    let bytes =
+        channels * nvl * (2.0 * rdma + 3.0) * INT_BYTES + slots * deepep_slot_bytes(hidden_bytes);
     align128(bytes)
 }
 
@@ -143,13 +148,7 @@ pub fn deepep_rdma_bytes(c: DeepepConfig, sms: u32, hidden_bytes: f64, ranks: u3
     let rdma = (ranks / DEEPEP_NVL_PEERS) as f64;
     let slots = channels * rdma * c.rdma_recv_tokens as f64;
     let bytes = channels * rdma * (DEEPEP_NVL_PEERS as f64 * 2.0 + 2.0) * 2.0 * INT_BYTES
-        + 2.0
-            * slots
-            * (hidden_bytes
-                + DEEPEP_SOURCE_META_BYTES
-                + DEEPEP_MAX_TOPK * (TOPK_IDX_BYTES + FP32_BYTES)
-                + DEEPEP_MAX_SCALES * FP32_BYTES
-                + INT4_BYTES);
+        + 2.0 * slots * (deepep_slot_bytes(hidden_bytes) + INT4_BYTES);
     align128(bytes)
 }
 
