@@ -159,7 +159,7 @@ pub fn peak_bytes(s: &Scenario, l: &Layout) -> (f64, u32) {
 /// The tuner's screen computes it once for the MoE choices of a structure.
 pub fn peak_bytes_before_dispatcher(s: &Scenario, l: &Layout) -> (f64, u32) {
     peak_of(
-        Ctx::new(s, l, &MemoryOptions::default()).without_dispatcher(),
+        Ctx::with_dispatcher(s, l, &MemoryOptions::default(), 0.0),
         l,
     )
 }

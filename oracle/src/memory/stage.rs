@@ -140,13 +140,18 @@ impl LayerActivations {
 }
 
 impl<'a> Ctx<'a> {
-    /// The same context without the fused dispatcher's buffers.
-    pub(super) fn without_dispatcher(mut self) -> Ctx<'a> {
-        self.dispatcher = 0.0;
-        self
+    pub(super) fn new(s: &'a Scenario, l: &'a Layout, opts: &MemoryOptions) -> Ctx<'a> {
+        Ctx::with_dispatcher(s, l, opts, dispatcher::dispatcher_bytes(s, l))
     }
 
-    pub(super) fn new(s: &'a Scenario, l: &'a Layout, opts: &MemoryOptions) -> Ctx<'a> {
+    /// The context with `dispatcher` bytes of fused-dispatcher buffers (0: without them, not
+    /// computed).
+    pub(super) fn with_dispatcher(
+        s: &'a Scenario,
+        l: &'a Layout,
+        opts: &MemoryOptions,
+        dispatcher: f64,
+    ) -> Ctx<'a> {
         let card = &s.model;
         let tp = l.tp.max(1) as f64;
         let tp_sp = if l.sp() { tp } else { 1.0 };
@@ -199,7 +204,7 @@ impl<'a> Ctx<'a> {
             moe_dispatch,
             allocator_overhead: allocator::overhead_fraction(&s.hardware, l),
             communicators: allocator::communicator_bytes(s, l),
-            dispatcher: dispatcher::dispatcher_bytes(s, l),
+            dispatcher,
         }
     }
 }
