@@ -81,9 +81,24 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
             backward: comm,
         }
     };
+    // The host catches up while the GPU runs the layer's computation and its exposed
+    // communication; what an overlap hides behind the computation gives it no extra time.
+    // Under the EP overlap the paired passes' exposure is charged to the backward: half of
+    // it to each pass.
+    let exposed = if opts.ep_overlap {
+        FwdBwd {
+            forward: ep.backward / 2.0,
+            backward: ep.backward / 2.0,
+        }
+    } else {
+        FwdBwd {
+            forward: ep.forward,
+            backward: ep.backward,
+        }
+    };
     EpCost {
         ep,
-        host: host_time(cc, t, comm, ctx),
+        host: host_time(cc, t, &exposed, ctx),
     }
 }
 
@@ -173,8 +188,9 @@ fn flex_seconds(
 /// The host-bound time of a MoE layer, forward and backward (see the module documentation):
 /// per pass, the launches of each part of the layer (a captured part: one graph launch) against
 /// its GPU time; the sync and the section after it in the forward, the whole layer in the
-/// backward (its split sizes are known from the forward: no sync).
-fn host_time(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> FwdBwd {
+/// backward (its split sizes are known from the forward: no sync). `comm`: each pass's exposed
+/// dispatch and combine, GPU time the host issues behind.
+fn host_time(cc: &CommContext, t: &OpTimes, comm: &FwdBwd, ctx: &TimerContext) -> FwdBwd {
     let l = cc.l;
     if l.cuda_graph.implementation == CudaGraphImpl::FullIteration {
         return FwdBwd::default();
@@ -216,13 +232,13 @@ fn host_time(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> Fw
     }
     // With the EP overlap the host still waits at every sync, with the other micro-batch's
     // kernels queued before the copy: the same exposure.
-    let backward = (bwd.0 - bwd.1 - comm).max(0.0);
+    let backward = (bwd.0 - bwd.1 - comm.backward).max(0.0);
     let forward = if l.moe.host_sync() {
         e.moe_host_sync_us * MICROSECOND
-            + (post.0 - post.1 - comm).max(0.0)
+            + (post.0 - post.1 - comm.forward).max(0.0)
             + (pre.0 - pre.1).max(0.0)
     } else {
-        (pre.0 + post.0 - pre.1 - post.1 - comm).max(0.0)
+        (pre.0 + post.0 - pre.1 - post.1 - comm.forward).max(0.0)
     };
     FwdBwd { forward, backward }
 }
