@@ -28,8 +28,8 @@ use crate::scenario::Scenario;
 
 /// The GPU generations whose profiles share fitted constants: (name, profiles).
 pub const GENERATIONS: &[(&str, &[&str])] = &[
-    ("hopper", &["h100-sxm", "h200"]),
-    ("blackwell-hgx", &["b200"]),
+    ("hopper", &["h100-sxm", "h100-96gb", "h200"]),
+    ("blackwell-hgx", &["b200", "b300"]),
     ("blackwell-nvl72", &["gb200", "gb300"]),
     ("cdna", &["mi300x", "mi325x", "mi355x"]),
 ];
@@ -288,4 +288,30 @@ pub fn leave_one_model_out(rows: &[Prepared]) -> Vec<HeldOut> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profiles::Catalog;
+
+    /// The constants are fitted per generation, never per profile: every profile of a
+    /// generation holds the same values (a refit written into one profile and not its siblings
+    /// would make B300 or H200 project with constants no row supports).
+    #[test]
+    fn every_profile_of_a_generation_holds_the_generations_constants() {
+        let c = Catalog::builtin().expect("catalog");
+        for (generation, profiles) in GENERATIONS {
+            let first = Constants::of(c.hardware(profiles[0]).expect("profile"));
+            for name in &profiles[1..] {
+                let hw = c.hardware(name).expect("profile");
+                // A sibling may list fewer flex backends (GB300 runs no DeepEP); the ones
+                // it lists, and the host and overlap constants, are the generation's.
+                for (k, v) in Constants::of(hw).values {
+                    let want = first.values.iter().find(|(f, _)| *f == k).map(|(_, v)| *v);
+                    assert_eq!(Some(v), want, "{generation}: {name} {}", k.path());
+                }
+            }
+        }
+    }
 }
