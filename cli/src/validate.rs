@@ -9,6 +9,7 @@ use primus_oracle::validate::{
     Aggregate, Metric, Options, Report, RowStatus, fit::Constant, validate_files_with,
 };
 
+mod ablate;
 pub mod memory;
 
 #[derive(Debug, clap::Args)]
@@ -45,6 +46,12 @@ pub struct Args {
     /// Skip the refit of the fitted MoE constants and the leave-one-model-out figure.
     #[arg(long)]
     pub no_refit: bool,
+    /// Which modeled MoE option moves which row: every MoE row projected again with one of its
+    /// execution options at Megatron-LM's default (dispatcher one step back, grouped GEMM,
+    /// fusions, overlaps, forced balance, capacity, router dtype, FP8 recipe, CUDA graphs),
+    /// with the row's error without it and a per-option summary.
+    #[arg(long, conflicts_with = "memory")]
+    pub ablate: bool,
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -245,6 +252,9 @@ fn constant_name(k: Constant) -> String {
 pub fn run(args: &Args) -> Result<(), CliError> {
     if args.memory {
         return memory::run(args);
+    }
+    if args.ablate {
+        return ablate::run(args);
     }
     let c = catalog(&args.common)?;
     let paths: Vec<&std::path::Path> = args.files.iter().map(PathBuf::as_path).collect();

@@ -184,3 +184,95 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
         "{text}"
     );
 }
+
+/// `primus validate --ablate`: which modeled MoE option moves which row. On the published
+/// file's MoE rows: N20 (Mixtral 8x22B, NeMo 25.02, token drop with padding) lists its capacity
+/// factor and dispatcher, the per-option summary follows, and the JSON has the same rows; the
+/// effect of a dropless N20 matches `primus validate` on a copy of the row without the capacity.
+#[test]
+fn cli_validate_ablate_lists_each_options_effect() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/published.csv"
+    );
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "--ablate", path])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n20 = text
+        .lines()
+        .find(|l| l.starts_with("N20 "))
+        .expect("N20 row");
+    assert!(
+        n20.contains("capacityFactor") && n20.contains("tokenDispatcher"),
+        "{n20}"
+    );
+    assert!(
+        text.contains("MEDIAN SPEEDUP") && text.contains("\ncapacityFactor "),
+        "{text}"
+    );
+    let json = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "--ablate", "-o", "json", path])
+        .output()
+        .expect("runs");
+    assert!(json.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4, "the file's MoE rows");
+    let n20 = rows.iter().find(|r| r["id"] == "N20").expect("N20");
+    let capacity = n20["effects"]
+        .as_array()
+        .expect("effects")
+        .iter()
+        .find(|e| e["option"] == "capacityFactor")
+        .expect("capacity effect");
+    let without = capacity["without"].as_f64().expect("projected without");
+    // The same row with the capacity columns emptied, through the plain validation.
+    let text = std::fs::read_to_string(path).expect("csv");
+    let mut lines = text.lines();
+    let header = lines.next().expect("header");
+    let cols: Vec<&str> = header.split(',').collect();
+    let row = lines.find(|l| l.starts_with("N20,")).expect("N20 line");
+    let mut fields = primus_oracle::validate::parse_csv(&format!("{header}\n{row}\n"))
+        .expect("csv")[1]
+        .1
+        .clone();
+    for name in ["capacityFactor", "padToCapacity"] {
+        let i = cols.iter().position(|c| *c == name).expect(name);
+        fields[i] = String::new();
+    }
+    let quoted: Vec<String> = fields
+        .iter()
+        .map(|f| format!("\"{}\"", f.replace('"', "\"\"")))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("primus-ablate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("n20-dropless.csv");
+    std::fs::write(&file, format!("{header}\n{}\n", quoted.join(","))).expect("write");
+    let plain = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(["validate", "-o", "json", "--no-refit"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let p: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("JSON");
+    let projected = p["rows"][0]["projected"].as_f64().expect("projected");
+    assert!(
+        (projected - without).abs() <= 1e-6 * without,
+        "{projected} vs {without}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

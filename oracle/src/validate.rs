@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+pub mod ablate;
 mod csv;
 pub mod fit;
 pub mod memory;
@@ -61,6 +62,15 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// This metric of a projection: tokens/s/GPU, seconds per iteration or TFLOP/s/GPU.
+    pub fn pick(self, tokens_per_second_per_gpu: f64, seconds: f64, tflops_per_gpu: f64) -> f64 {
+        match self {
+            Metric::TokensPerSecondPerGpu => tokens_per_second_per_gpu,
+            Metric::SecondsPerIteration => seconds,
+            Metric::TflopsPerGpu => tflops_per_gpu,
+        }
+    }
+
     pub fn unit(self) -> &'static str {
         match self {
             Metric::TokensPerSecondPerGpu => "tok/s/GPU",
@@ -221,6 +231,16 @@ pub fn validate_texts(
     Ok(report)
 }
 
+/// The mixture-of-experts rows of some CSV texts that project, ready to re-project (the
+/// fitter's and the ablation's input).
+pub fn moe_rows(texts: &[&str], catalog: &Catalog) -> Result<Vec<Prepared>, PlanError> {
+    let mut prepared = Vec::new();
+    for text in texts {
+        prepared.extend(read_rows(text, catalog)?.prepared);
+    }
+    Ok(prepared)
+}
+
 /// One file's rows, their ranking groups, and the MoE rows the fitter re-projects.
 struct FileRows {
     rows: Vec<RowResult>,
@@ -296,17 +316,22 @@ pub fn validate_files_with(
     catalog: &Catalog,
     options: Options,
 ) -> Result<Report, PlanError> {
-    let mut texts = Vec::with_capacity(paths.len());
-    for path in paths {
-        texts.push(
+    let texts = read_texts(paths)?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    validate_texts(&refs, catalog, options)
+}
+
+/// The text of each file.
+pub fn read_texts(paths: &[&std::path::Path]) -> Result<Vec<String>, PlanError> {
+    paths
+        .iter()
+        .map(|path| {
             std::fs::read_to_string(path).map_err(|source| PlanError::Io {
                 path: path.display().to_string(),
                 source,
-            })?,
-        );
-    }
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    validate_texts(&refs, catalog, options)
+            })
+        })
+        .collect()
 }
 
 fn empty_result(row: &Row, status: RowStatus) -> RowResult {
@@ -369,11 +394,11 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
             return (result, None);
         }
     };
-    let projected = match metric {
-        Metric::TokensPerSecondPerGpu => p.tokens_per_second_per_gpu,
-        Metric::SecondsPerIteration => p.step_time_seconds,
-        Metric::TflopsPerGpu => p.tflops_per_gpu,
-    };
+    let projected = metric.pick(
+        p.tokens_per_second_per_gpu,
+        p.step_time_seconds,
+        p.tflops_per_gpu,
+    );
     result.projected = Some(projected);
     result.error = Some((projected - measured) / measured);
     result.projected_tflops_per_gpu = Some(p.tflops_per_gpu);

@@ -193,3 +193,76 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
         w.rows[0].layout
     );
 }
+
+/// Which modeled option moves which row (`primus validate --ablate`): every MoE row of the
+/// gated files projected again with one option at Megatron's default. Each effect is the
+/// projection of the reverted layout (checked here against an independent projection), and
+/// the options whose model only adds cost when switched off behave so on every row: sequential
+/// experts are never faster than grouped ones, the auxiliary-loss imbalance never faster than
+/// forced balance, no EP overlap never faster than the overlap.
+#[test]
+fn the_ablation_reprojects_each_option_alone() {
+    use primus_oracle::layout::{GroupedGemm, TokenDispatcher};
+    use primus_oracle::validate::ablate::{Ablation, ablate, summarize};
+    use primus_oracle::validate::moe_rows;
+    let c = Catalog::builtin().expect("catalog");
+    let prepared = moe_rows(&[PUBLISHED, EXTRA, MOE], &c).expect("rows");
+    let rows = ablate(&prepared);
+    assert_eq!(
+        rows.len(),
+        all().moe.rows,
+        "every projected MoE row is ablated"
+    );
+    for (r, p) in rows.iter().zip(&prepared) {
+        assert_eq!(r.id, p.id);
+        for e in &r.effects {
+            let reverted = e.option.revert(&p.layout).expect("the row uses the option");
+            assert_ne!(reverted, p.layout);
+            match (e.without, &e.illegal) {
+                (Some(w), None) => {
+                    let t = primus_oracle::projection::step_time(&p.scenario, &reverted)
+                        .expect("projects");
+                    let again = r.metric.pick(
+                        t.tokens_per_second_per_gpu,
+                        t.step_time_seconds,
+                        t.tflops_per_gpu,
+                    );
+                    assert!((again - w).abs() <= 1e-9 * w, "{} {:?}", r.id, e.option);
+                    assert!(
+                        ((w - r.measured) / r.measured - e.error_without.unwrap()).abs() < 1e-12
+                    );
+                    let s = e.speedup.expect("speedup");
+                    if matches!(
+                        e.option,
+                        Ablation::GroupedGemm | Ablation::ForcedBalance | Ablation::EpOverlap
+                    ) {
+                        assert!(s >= -1e-9, "{}: {:?} speeds up {s}", r.id, e.option);
+                    }
+                }
+                (None, Some(_)) => assert!(reverted.check(&p.scenario).is_err()),
+                other => panic!("{}: {other:?}", r.id),
+            }
+        }
+        // Options the row does not use are not listed.
+        if p.layout.moe.grouped_gemm == GroupedGemm::Sequential {
+            assert!(r.effects.iter().all(|e| e.option != Ablation::GroupedGemm));
+        }
+    }
+    // The dispatcher goes one step back: a flex library to alltoall (no rank capacity with it).
+    let hybrid = prepared
+        .iter()
+        .find(|p| p.layout.moe.rank_capacity_factor.is_some())
+        .expect("a HybridEP row with a per-rank capacity");
+    let back = Ablation::Dispatcher.revert(&hybrid.layout).expect("flex");
+    assert_eq!(back.moe.token_dispatcher, TokenDispatcher::Alltoall);
+    assert_eq!(
+        (back.moe.flex_backend, back.moe.rank_capacity_factor),
+        (None, None)
+    );
+    let summary = summarize(&rows);
+    let grouped = summary
+        .iter()
+        .find(|o| o.option == Ablation::GroupedGemm)
+        .expect("grouped GEMM rows");
+    assert!(grouped.rows >= 50 && grouped.median_speedup.expect("median") > 0.5);
+}

@@ -60,11 +60,11 @@ impl Prepared {
         let mut s = self.scenario.clone();
         c.apply(&mut s.hardware);
         let t = projection::step_time(&s, &self.layout).ok()?;
-        let projected = match self.metric {
-            Metric::TokensPerSecondPerGpu => t.tokens_per_second_per_gpu,
-            Metric::SecondsPerIteration => t.step_time_seconds,
-            Metric::TflopsPerGpu => t.tflops_per_gpu,
-        };
+        let projected = self.metric.pick(
+            t.tokens_per_second_per_gpu,
+            t.step_time_seconds,
+            t.tflops_per_gpu,
+        );
         Some((projected - self.measured) / self.measured)
     }
 }

@@ -21,22 +21,27 @@ impl Aggregate {
     /// The aggregate of some errors (signed; their absolute values are aggregated).
     pub fn of(errors: impl IntoIterator<Item = f64>) -> Aggregate {
         let mut e: Vec<f64> = errors.into_iter().map(f64::abs).collect();
-        e.sort_by(|a, b| a.total_cmp(b));
-        let n = e.len();
-        if n == 0 {
+        let Some(median) = median(&mut e) else {
             return Aggregate::default();
-        }
-        let median = if n % 2 == 1 {
-            e[n / 2]
-        } else {
-            (e[n / 2 - 1] + e[n / 2]) / 2.0
         };
+        let n = e.len();
         Aggregate {
             rows: n,
             median_abs_error: Some(median),
             mean_abs_error: Some(e.iter().sum::<f64>() / n as f64),
             max_abs_error: e.last().copied(),
         }
+    }
+}
+
+/// The median of some values (sorted in place); `None` when there are none.
+pub(super) fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
