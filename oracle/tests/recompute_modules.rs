@@ -622,3 +622,31 @@ fn scenario_of(c: &Catalog, header: &str, cells: &[String]) -> (Scenario, Layout
     l.check(&s).unwrap();
     (s, l)
 }
+
+/// Context parallelism's ring attention merges each of its `cp` steps' partial output into the
+/// running one (Transformer Engine `AttnFuncWithCPAndKVP2P`: `flash_attn_fwd_out_correction`
+/// and `flash_attn_fwd_softmax_lse_correction` per step): by hand for Llama 3.1 8B, seq 8192,
+/// CP2, TP1, MBS1: 2 steps x 4,096 local tokens x 32 heads x 128 (d_v) x (2 B read of the BF16
+/// step output + 8 B read and write of the FP32 accumulator) = 335,544,320 B, two kernels per
+/// step; none without CP; rerun by `core_attn` recompute with the attention core.
+#[test]
+fn ring_attention_merges_each_steps_partial_output() {
+    let s = scenario("llama3.1-8b", "h100-sxm", 8, 8192, 64);
+    let shape = LayerShape {
+        kind: LayerKind::Dense,
+        sliding: false,
+    };
+    let cp2 = Layout { cp: 2, ..tp1() };
+    let ops = layer_ops(&s.model, &Dims::of(&s, &cp2), shape);
+    let merge = ops.iter().find(|o| o.name == "cp_merge").expect("merge op");
+    assert_eq!(merge.bytes, 2.0 * 4096.0 * 32.0 * 128.0 * 10.0);
+    assert_eq!(merge.bytes, 335_544_320.0);
+    assert_eq!(merge.kernels, 4.0);
+    let none = layer_ops(&s.model, &Dims::of(&s, &tp1()), shape);
+    assert!(none.iter().all(|o| o.name != "cp_merge"));
+    let core = recompute_ops(&s.model, &Dims::of(&s, &cp2), shape, ModuleSet::DEFAULT);
+    assert_eq!(
+        core.iter().map(|o| o.name).collect::<Vec<_>>(),
+        ["attention", "cp_merge"]
+    );
+}

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::layout::{ModuleSet, RecomputeModule};
+use crate::memory::activations::FP32_BYTES;
 use crate::model::MlaConfig;
 
 /// The kinds of decoder layer whose cost differs: dense or MoE block, full or sliding-window
@@ -160,6 +161,20 @@ fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList
         part: Part::Attention,
         load: 1.0,
     });
+    if d.cp > 1.0 {
+        // Context parallelism's ring attention runs the core in `cp` steps, one per KV chunk,
+        // and merges each step's partial output into the running one by its log-sum-exp
+        // (Transformer Engine `context_parallel.py`, `AttnFuncWithCPAndKVP2P`:
+        // `flash_attn_fwd_out_correction` and `_softmax_lse_correction` per step): read the
+        // step's BF16 output, read and write the FP32 accumulator, per local head; the backward
+        // accumulates dQ and dKV per step likewise (MEMORY_BWD_BYTES).
+        let merge_bytes = d.cp * tok * (heads / t) * dv * (ACT_BYTES + 2.0 * FP32_BYTES);
+        // Part of the attention core: selective recompute of `core_attn` reruns it.
+        ops.push(Op {
+            selective: true,
+            ..Op::memory("cp_merge", merge_bytes, 2.0 * d.cp)
+        });
+    }
     // Row-parallel output projection: a d_v / tp -> h.
     ops.push(Op::gemm("proj", tok, h, heads * dv / t, 1.0, true));
 
@@ -279,7 +294,7 @@ fn dense_mlp_ops(card: &ModelCard, d: &Dims, ops: &mut OpList, ew: &mut Elementw
 pub fn recomputed_by(name: &str) -> ModuleSet {
     use RecomputeModule::*;
     match name {
-        "attention" => ModuleSet::of(&[CoreAttn]),
+        "attention" | "cp_merge" => ModuleSet::of(&[CoreAttn]),
         "q_up" | "q_proj" | "kv_up" => ModuleSet::of(&[MlaUpProj]),
         "fc1" | "fc2" => ModuleSet::of(&[Mlp]),
         "router"
