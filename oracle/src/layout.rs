@@ -17,8 +17,8 @@ mod rules;
 pub use exec::{CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind};
 pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
 pub use moe::{
-    Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MoeOptions, RouterDtype,
-    TokenDispatcher,
+    Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MAX_FLEX_NUM_SMS, MoeOptions,
+    RouterDtype, TokenDispatcher,
 };
 pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
 pub use recompute::{ModuleSet, RecomputeModule};
@@ -352,12 +352,15 @@ impl Bounded for Layout {
             return Err(FieldError::new(bounds::path(at, "pipelineLayout"), e));
         }
         bounds::check_rows(self, at, Self::BOUNDS)?;
-        // The path is built only for an error: this runs for every layout the tuner checks.
+        // The paths are built only for an error: this runs for every layout the tuner checks.
         bounds::check(&self.cuda_graph, "").map_err(|e| {
             FieldError::new(
                 bounds::path(&bounds::path(at, "cudaGraph"), &e.field),
                 e.message,
             )
+        })?;
+        bounds::check(&self.moe, "").map_err(|e| {
+            FieldError::new(bounds::path(&bounds::path(at, "moe"), &e.field), e.message)
         })
     }
 }

@@ -310,6 +310,11 @@ fn primus_turbo_deepep_buffers_use_its_cu_count() {
     let l = flex(FlexBackend::PrimusTurboDeepep, 8);
     assert_eq!(PRIMUS_TURBO_DEEPEP_CUS, 32);
     assert_eq!(dispatcher_bytes(&s, &l), 201_591_296.0);
+    // With `flexNumSms` 64 (`turbo_deepep_num_cu: 64`, Primus's MI300X example configs): 32
+    // channels, 32*8*5*4 = 5,120 + 32*8*256*6,152 = 403,177,472 -> 403,182,592 B.
+    let mut wide = l.clone();
+    wide.moe.flex_num_sms = Some(64);
+    assert_eq!(dispatcher_bytes(&s, &wide), 403_182_592.0);
 }
 
 #[test]

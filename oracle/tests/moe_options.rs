@@ -278,7 +278,12 @@ fn every_option_is_written_and_read_back() {
     rank.moe.set_dispatch(Dispatch::Hybridep);
     rank.moe.rank_capacity_factor = Some(Factor(1.5));
     rank.moe.grouped_gemm = GroupedGemm::Grouped;
+    rank.moe.flex_num_sms = Some(16);
     variants.push(rank);
+    let mut sms = base.clone();
+    sms.moe.set_dispatch(Dispatch::Deepep);
+    sms.moe.flex_num_sms = Some(24);
+    variants.push(sms);
     for l in &variants {
         l.check(&s).unwrap_or_else(|e| panic!("{}: {e}", l.label()));
         let (args, back) = flags_round_trip(&s, l);
@@ -304,4 +309,79 @@ fn every_option_is_written_and_read_back() {
             .any(|w| w[0] == "--use_turbo_deepep" && w[1] == "True")
     );
     assert_eq!(back.moe.token_dispatcher, TokenDispatcher::Flex);
+    // Its CUs under Primus's own flag (`turbo_deepep_num_cu`).
+    l.moe.flex_num_sms = Some(64);
+    let (args, back) = flags_round_trip(&fp8, &l);
+    assert_eq!(back, l, "{args:?}");
+    assert!(
+        args.windows(2)
+            .any(|w| w[0] == "--turbo_deepep_num_cu" && w[1] == "64"),
+        "{args:?}"
+    );
+    assert!(!args.iter().any(|a| a == "--moe-flex-dispatcher-num-sms"));
+}
+
+/// `flexNumSms` (`--moe-flex-dispatcher-num-sms`): only with the flex dispatcher, even (DeepEP
+/// pairs its SMs: `EP_HOST_ASSERT(num_sms % 2 == 0)`), within its bound, and at most 32 CUs for
+/// Primus-Turbo DeepEP across 16+ ranks (Primus `rocm_arg_validation.py`); Megatron's
+/// deprecated per-backend flags read as the unified one.
+#[test]
+fn flex_num_sms_rules_and_flags() {
+    const F: &str = "spec.parallelism.moe.flexNumSms";
+    let (s, base) = mixtral();
+    let amd = scenario("qwen3-30b-a3b", "mi355x", 32, Precision::Bf16);
+    let ep16 = Layout {
+        ep: 16,
+        ..Layout::default()
+    };
+    // (scenario, layout, dispatcher, SMs, the rule it breaks; None = legal)
+    for (sc, l, d, n, rule) in [
+        (
+            &s,
+            &base,
+            Dispatch::Alltoall,
+            24,
+            Some("flex-num-sms-needs-flex"),
+        ),
+        (&s, &base, Dispatch::Deepep, 24, None),
+        (&s, &base, Dispatch::Deepep, 23, Some("flex-num-sms-even")),
+        (&s, &base, Dispatch::Deepep, 2048, Some("within-bounds")),
+        (&s, &base, Dispatch::Deepep, 0, Some("within-bounds")),
+        (
+            &amd,
+            &ep16,
+            Dispatch::PrimusTurboDeepep,
+            64,
+            Some("turbo-deepep-cus-internode"),
+        ),
+        (&amd, &ep16, Dispatch::PrimusTurboDeepep, 32, None),
+    ] {
+        let mut l = l.clone();
+        l.moe.set_dispatch(d);
+        l.moe.flex_num_sms = Some(n);
+        match rule {
+            Some(r) => expect(sc, &l, r, F),
+            None => l.check(sc).unwrap_or_else(|e| panic!("{n} SMs: {e}")),
+        }
+    }
+    // The deprecated per-backend flags (Megatron routes them to the unified field).
+    let c = Catalog::builtin().unwrap();
+    let card = c.model("mixtral-8x7b").unwrap();
+    for (flag, backend) in [
+        ("--moe-deepep-num-sms", "deepep"),
+        ("--moe-hybridep-num-sms", "hybridep"),
+    ] {
+        let args = MegatronArgs::parse([
+            "--expert-model-parallel-size",
+            "8",
+            "--moe-token-dispatcher-type",
+            "flex",
+            "--moe-flex-dispatcher-backend",
+            backend,
+            flag,
+            "36",
+        ]);
+        let read = args.layout(card).expect("layout");
+        assert_eq!(read.moe.flex_num_sms, Some(36), "{flag}");
+    }
 }

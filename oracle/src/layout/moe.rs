@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::bounds::{Bound, Bounded};
+
 pub use crate::backend::FlexBackend;
 
 /// A positive real factor (capacity factors): compared and hashed by its bits, so a layout
@@ -256,6 +258,7 @@ fn is_false(b: &bool) -> bool {
 /// field defaults to what Megatron-LM does without its flag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transform = crate::bounds::schema::<MoeOptions>))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MoeOptions {
     /// Token dispatcher (`--moe-token-dispatcher-type`): allgather (default), alltoall, flex.
@@ -310,6 +313,25 @@ pub struct MoeOptions {
     /// Router precision (`--moe-router-dtype`): fp32, fp64; absent = the input dtype.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router_dtype: Option<RouterDtype>,
+    /// SMs (CUs on AMD) the flex dispatcher's kernels run on
+    /// (`--moe-flex-dispatcher-num-sms`; Primus-Turbo DeepEP: `--turbo_deepep_num_cu`): an even
+    /// number from 2 to 1024; absent = the library's default (DeepEP under
+    /// Megatron 20, Primus-Turbo DeepEP 32). DeepEP sizes its buffers by it (one channel per
+    /// two SMs); the time model does not use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flex_num_sms: Option<u32>,
+}
+
+/// The most SMs or CUs a plan may give the flex dispatcher (`flexNumSms`): above any GPU's
+/// count (MI355X has 256 CUs, B200 148 SMs).
+pub const MAX_FLEX_NUM_SMS: u32 = 1024;
+
+/// The options' numbers, bounded (the factors' range is a legality rule: they are floats).
+impl Bounded for MoeOptions {
+    const BOUNDS: &'static [Bound<Self>] =
+        &[Bound::int("flexNumSms", 2, MAX_FLEX_NUM_SMS as u64, |m| {
+            m.flex_num_sms.into()
+        })];
 }
 
 impl MoeOptions {
@@ -395,6 +417,9 @@ impl MoeOptions {
         }
         if let Some(c) = self.rank_capacity_factor {
             parts.push(format!("rcf{}", c.get()));
+        }
+        if let Some(n) = self.flex_num_sms {
+            parts.push(format!("sms{n}"));
         }
         parts.join(",")
     }

@@ -40,6 +40,13 @@ pub mod moe_flag {
     pub const PAD_TO_CAPACITY: &str = "--moe-pad-expert-input-to-capacity";
     pub const RANK_CAPACITY: &str = "--moe-expert-rank-capacity-factor";
     pub const ROUTER_DTYPE: &str = "--moe-router-dtype";
+    /// SMs of the flex dispatcher's kernels (Megatron-Core 0.16+; the deprecated per-backend
+    /// `--moe-deepep-num-sms` / `--moe-hybridep-num-sms` are read too).
+    pub const FLEX_NUM_SMS: &str = "--moe-flex-dispatcher-num-sms";
+    pub const DEEPEP_NUM_SMS: &str = "--moe-deepep-num-sms";
+    pub const HYBRIDEP_NUM_SMS: &str = "--moe-hybridep-num-sms";
+    /// Primus: the CUs of Primus-Turbo's DeepEP (`turbo_deepep_num_cu`, default 32).
+    pub const TURBO_DEEPEP_NUM_CU: &str = "--turbo_deepep_num_cu";
     pub const FP8_RECIPE: &str = "--fp8-recipe";
     pub const CUDA_GRAPH_IMPL: &str = "--cuda-graph-impl";
     /// Takes a list: the values up to the next flag.
@@ -111,6 +118,13 @@ pub(super) fn write(s: &Scenario, l: &Layout, a: &mut Vec<String>) {
         }
         if let Some(d) = m.router_dtype {
             kv(f::ROUTER_DTYPE, d.as_str());
+        }
+        if let Some(n) = m.flex_num_sms {
+            let name = match m.backend() {
+                Some(FlexBackend::PrimusTurboDeepep) => f::TURBO_DEEPEP_NUM_CU,
+                _ => f::FLEX_NUM_SMS,
+            };
+            kv(name, &n.to_string());
         }
     }
     if let Some(r) = l.fp8_recipe {
@@ -233,6 +247,21 @@ pub(super) fn read(
         RouterDtype::parse,
         &names(&RouterDtype::ALL.map(|d| d.as_str())),
     )?;
+    // The flex dispatcher's SMs: Primus-Turbo's own flag for its DeepEP, else Megatron's
+    // (the unified flag before the deprecated per-backend ones, as Megatron routes them).
+    let sms_flags: &[&str] = match m.backend() {
+        Some(FlexBackend::PrimusTurboDeepep) => &[f::TURBO_DEEPEP_NUM_CU],
+        Some(FlexBackend::Hybridep) => &[f::FLEX_NUM_SMS, f::HYBRIDEP_NUM_SMS],
+        Some(FlexBackend::Deepep) => &[f::FLEX_NUM_SMS, f::DEEPEP_NUM_SMS],
+        None => &[],
+    };
+    m.flex_num_sms = None;
+    for name in sms_flags {
+        if let Some(n) = args.num::<u32>(name)? {
+            m.flex_num_sms = Some(n);
+            break;
+        }
+    }
     l.fp8_recipe = choice(
         args,
         f::FP8_RECIPE,

@@ -199,10 +199,11 @@ pub fn dispatcher_bytes(s: &Scenario, l: &Layout) -> f64 {
     let hidden_bytes = h * ACT_BYTES;
     match backend {
         FlexBackend::Deepep | FlexBackend::PrimusTurboDeepep => {
-            let (table, sms): (&[DeepepConfig], u32) = match backend {
+            let (table, default_sms): (&[DeepepConfig], u32) = match backend {
                 FlexBackend::Deepep => (&DEEPEP_CONFIGS, MEGATRON_DEEPEP_SMS),
                 _ => (&PRIMUS_TURBO_CONFIGS, PRIMUS_TURBO_DEEPEP_CUS),
             };
+            let sms = l.moe.flex_num_sms.unwrap_or(default_sms);
             let c = deepep_config(table, ranks);
             deepep_nvl_bytes(c, sms, hidden_bytes, ranks)
                 + deepep_rdma_bytes(c, sms, hidden_bytes, ranks)

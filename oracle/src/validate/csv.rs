@@ -91,6 +91,7 @@ pub const MOE_COLUMNS: &[&str] = &[
     "padToCapacity",
     "rankCapacityFactor",
     "routerDtype",
+    "flexNumSms",
 ];
 
 /// Gradient precision of a row without a `gradReduceInFp32` cell: BF16, as the published

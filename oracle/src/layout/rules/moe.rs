@@ -100,6 +100,34 @@ impl Layout {
                 || "the flex dispatcher needs etp x ep > 1 (Megatron's MoEFlexTokenDispatcher)",
             );
         }
+        if let Some(n) = m.flex_num_sms {
+            if m.token_dispatcher != TokenDispatcher::Flex {
+                return broken("flex-num-sms-needs-flex", "moe.flexNumSms", || {
+                    format!(
+                        "flexNumSms needs tokenDispatcher flex (got {})",
+                        m.token_dispatcher.as_str()
+                    )
+                });
+            }
+            // DeepEP's kernels split their SMs into send/receive pairs
+            // (`csrc/kernels/legacy/intranode.cu`: `EP_HOST_ASSERT(num_sms % 2 == 0)`); the
+            // range is the field's bound.
+            if n % 2 != 0 {
+                return broken("flex-num-sms-even", "moe.flexNumSms", || {
+                    format!("must be even (DeepEP pairs its SMs), got {n}")
+                });
+            }
+            // Primus `rocm_arg_validation.py`: "Set `turbo_deepep_num_cu<=32` when using
+            // ep_size >= 16" (its internode dispatch and combine).
+            if m.backend() == Some(FlexBackend::PrimusTurboDeepep) && self.ep >= 16 && n > 32 {
+                return broken("turbo-deepep-cus-internode", "moe.flexNumSms", || {
+                    format!(
+                        "Primus-Turbo DeepEP runs at most 32 CUs with ep >= 16 (got {n} with ep {})",
+                        self.ep
+                    )
+                });
+            }
+        }
         if m.backend() == Some(FlexBackend::PrimusTurboDeepep) {
             if m.router_dtype != Some(RouterDtype::Fp32) {
                 return broken(
