@@ -253,12 +253,20 @@ fn the_ablation_reprojects_each_option_alone() {
         .iter()
         .find(|p| p.layout.moe.rank_capacity_factor.is_some())
         .expect("a HybridEP row with a per-rank capacity");
-    let back = Ablation::Dispatcher.revert(&hybrid.layout).expect("flex");
+    let mut sms = hybrid.layout.clone();
+    sms.moe.flex_num_sms = Some(24);
+    let back = Ablation::Dispatcher.revert(&sms).expect("flex");
     assert_eq!(back.moe.token_dispatcher, TokenDispatcher::Alltoall);
     assert_eq!(
-        (back.moe.flex_backend, back.moe.rank_capacity_factor),
-        (None, None)
+        (
+            back.moe.flex_backend,
+            back.moe.rank_capacity_factor,
+            back.moe.flex_num_sms
+        ),
+        (None, None, None)
     );
+    back.check(&hybrid.scenario)
+        .expect("legal once the library is gone");
     let summary = summarize(&rows);
     let grouped = summary
         .iter()

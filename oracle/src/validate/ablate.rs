@@ -4,7 +4,7 @@
 //! it brings the row closer to its measurement.
 //!
 //! One option at a time, never combinations: the dispatcher goes back one step (a flex library
-//! to NCCL's `alltoall`, `alltoall` to `allgather`), the EP overlap takes `delayWgrad` with it
+//! to NCCL's `alltoall` with the library's own settings, `alltoall` to `allgather`), the EP overlap takes `delayWgrad` with it
 //! (which needs it), a capacity factor takes its padding. A reverted layout that breaks one of
 //! Megatron's rules (e.g. the EP overlap with the `allgather` dispatcher) is reported as such,
 //! never projected.
@@ -82,9 +82,11 @@ impl Ablation {
         match self {
             Ablation::Dispatcher => match m.token_dispatcher {
                 TokenDispatcher::Flex => {
+                    // With the library go its own settings.
                     m.token_dispatcher = TokenDispatcher::Alltoall;
                     m.flex_backend = None;
                     m.rank_capacity_factor = None;
+                    m.flex_num_sms = None;
                 }
                 TokenDispatcher::Alltoall => m.token_dispatcher = TokenDispatcher::Allgather,
                 TokenDispatcher::Allgather => return None,
