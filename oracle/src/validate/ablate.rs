@@ -14,7 +14,6 @@ use serde::Serialize;
 use super::stats::{Aggregate, median};
 use super::{Metric, Prepared};
 use crate::layout::{CudaGraph, GroupedGemm, Layout, TokenDispatcher};
-use crate::projection;
 
 /// One MoE execution option, as the ablation reverts it (serialized as its field name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,22 +175,11 @@ pub struct OptionSummary {
     pub rows_closer: usize,
 }
 
-/// The row's metric, projected for `layout`.
-fn projected(p: &Prepared, layout: &Layout) -> Result<f64, String> {
-    layout.check(&p.scenario).map_err(|e| e.to_string())?;
-    let t = projection::step_time(&p.scenario, layout).map_err(|e| e.to_string())?;
-    Ok(p.metric.pick(
-        t.tokens_per_second_per_gpu,
-        t.step_time_seconds,
-        t.tflops_per_gpu,
-    ))
-}
-
 /// Every row projected once as it ran and once without each option it uses.
 pub fn ablate(rows: &[Prepared]) -> Vec<RowAblation> {
     rows.iter()
         .filter_map(|p| {
-            let base = projected(p, &p.layout).ok()?;
+            let base = p.projected(&p.scenario, &p.layout).ok()?;
             let faster = |without: f64| match p.metric {
                 Metric::SecondsPerIteration => without / base - 1.0,
                 _ => base / without - 1.0,
@@ -200,7 +188,7 @@ pub fn ablate(rows: &[Prepared]) -> Vec<RowAblation> {
                 .iter()
                 .filter_map(|&a| {
                     let reverted = a.revert(&p.layout)?;
-                    Some(match projected(p, &reverted) {
+                    Some(match p.projected(&p.scenario, &reverted) {
                         Ok(w) => OptionEffect {
                             option: a,
                             without: Some(w),
@@ -213,7 +201,7 @@ pub fn ablate(rows: &[Prepared]) -> Vec<RowAblation> {
                             without: None,
                             speedup: None,
                             error_without: None,
-                            illegal: Some(e),
+                            illegal: Some(e.to_string()),
                         },
                     })
                 })

@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::Metric;
 use crate::backend::FlexBackend;
 use crate::hardware::HardwareProfile;
-use crate::layout::Layout;
+use crate::layout::{Layout, LayoutError};
 use crate::projection;
 use crate::scenario::Scenario;
 
@@ -55,16 +55,22 @@ impl Prepared {
             .map(|(g, _)| *g)
     }
 
+    /// The row's metric projected for scenario `s` and layout `l` (checked first: an illegal
+    /// layout is the rule it breaks).
+    pub fn projected(&self, s: &Scenario, l: &Layout) -> Result<f64, LayoutError> {
+        let t = projection::step_time(s, l)?;
+        Ok(self.metric.pick(
+            t.tokens_per_second_per_gpu,
+            t.step_time_seconds,
+            t.tflops_per_gpu,
+        ))
+    }
+
     /// Signed relative error with a hardware profile's constants replaced by `c`.
     fn error_with(&self, c: &Constants) -> Option<f64> {
         let mut s = self.scenario.clone();
         c.apply(&mut s.hardware);
-        let t = projection::step_time(&s, &self.layout).ok()?;
-        let projected = self.metric.pick(
-            t.tokens_per_second_per_gpu,
-            t.step_time_seconds,
-            t.tflops_per_gpu,
-        );
+        let projected = self.projected(&s, &self.layout).ok()?;
         Some((projected - self.measured) / self.measured)
     }
 }
