@@ -54,8 +54,15 @@ pub struct Args {
     pub ablate: bool,
 }
 
+/// A signed fraction as a percentage, `-` when absent.
 fn pct(v: Option<f64>) -> String {
     v.map(|v| format!("{:+.1}%", v * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// An unsigned fraction (an |error| statistic, an MFU) as a percentage, `-` when absent.
+fn abs_pct(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.1}%", v * 100.0))
         .unwrap_or_else(|| "-".into())
 }
 
@@ -121,9 +128,7 @@ pub fn table(r: &Report) -> String {
             row.projected_tflops_per_gpu
                 .map(|v| format!("{v:.0}"))
                 .unwrap_or_else(|| "-".into()),
-            row.mfu
-                .map(|v| format!("{:.1}%", v * 100.0))
-                .unwrap_or_else(|| "-".into()),
+            abs_pct(row.mfu),
             row.dominant.clone().unwrap_or_default(),
         ));
         match &row.status {
@@ -149,15 +154,9 @@ pub fn table(r: &Report) -> String {
         "\n{} rows projected, {} not projected. |error|: median {}, mean {}, max {} (P rows: seconds per iteration; others: tokens/s/GPU)\n",
         r.projected,
         r.failed,
-        r.median_abs_error
-            .map(|v| format!("{:.1}%", v * 100.0))
-            .unwrap_or_else(|| "-".into()),
-        r.mean_abs_error
-            .map(|v| format!("{:.1}%", v * 100.0))
-            .unwrap_or_else(|| "-".into()),
-        r.max_abs_error
-            .map(|v| format!("{:.1}%", v * 100.0))
-            .unwrap_or_else(|| "-".into()),
+        abs_pct(r.median_abs_error),
+        abs_pct(r.mean_abs_error),
+        abs_pct(r.max_abs_error),
     ));
     for g in &r.groups {
         out.push_str(&format!(
@@ -177,16 +176,12 @@ pub fn table(r: &Report) -> String {
 }
 
 fn aggregate(name: &str, a: &Aggregate) -> String {
-    let p = |v: Option<f64>| {
-        v.map(|v| format!("{:.1}%", v * 100.0))
-            .unwrap_or_else(|| "-".into())
-    };
     format!(
         "{name}: {} rows, |error| median {}, mean {}, max {}\n",
         a.rows,
-        p(a.median_abs_error),
-        p(a.mean_abs_error),
-        p(a.max_abs_error)
+        abs_pct(a.median_abs_error),
+        abs_pct(a.mean_abs_error),
+        abs_pct(a.max_abs_error)
     )
 }
 

@@ -9,7 +9,7 @@ use primus_oracle::validate::ablate::{OptionSummary, RowAblation, ablate, summar
 use primus_oracle::validate::{moe_rows, read_texts};
 use serde::Serialize;
 
-use super::{Args, pct};
+use super::{Args, abs_pct, pct};
 use crate::{CliError, Output, catalog, print_json};
 
 /// The JSON output: every row's effects and the per-option summary.
@@ -71,11 +71,6 @@ fn table(rows: &[RowAblation], options: &[OptionSummary]) -> String {
         "\n{:<20} {:>5} {:>8} {:>15} {:>12} {:>15} {:>7}\n",
         "OPTION", "ROWS", "ILLEGAL", "MEDIAN SPEEDUP", "|ERR| WITH", "|ERR| WITHOUT", "CLOSER"
     ));
-    let median = |a: &primus_oracle::validate::Aggregate| {
-        a.median_abs_error
-            .map(|v| format!("{:.1}%", v * 100.0))
-            .unwrap_or_else(|| "-".into())
-    };
     for o in options {
         out.push_str(&format!(
             "{:<20} {:>5} {:>8} {:>15} {:>12} {:>15} {:>7}\n",
@@ -83,8 +78,8 @@ fn table(rows: &[RowAblation], options: &[OptionSummary]) -> String {
             o.rows,
             o.illegal,
             pct(o.median_speedup),
-            median(&o.with),
-            median(&o.without),
+            abs_pct(o.with.median_abs_error),
+            abs_pct(o.without.median_abs_error),
             o.rows_closer,
         ));
     }

@@ -8,18 +8,8 @@ use primus_oracle::validate::memory::{
     Aggregate, Agreement, MemoryRow, MemoryValidation, group, validate_memory_file,
 };
 
-use super::Args;
+use super::{Args, abs_pct, pct};
 use crate::{CliError, Output, catalog, print_json};
-
-fn pct(v: Option<f64>) -> String {
-    v.map(|v| format!("{:+.1}%", v * 100.0))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn abs_pct(v: Option<f64>) -> String {
-    v.map(|v| format!("{:.1}%", v * 100.0))
-        .unwrap_or_else(|| "-".into())
-}
 
 fn gib(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
