@@ -3,23 +3,29 @@
 
 use assert_cmd::Command;
 
+/// `primus ARGS`, which must succeed (else its standard error is the failure): its standard
+/// output.
+fn primus_ok(args: &[&str]) -> String {
+    let out = Command::cargo_bin("primus")
+        .expect("binary")
+        .args(args)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "primus {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
 #[test]
 fn cli_validate_fails_the_build_when_the_median_regresses() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../oracle/tests/data/published.csv"
     );
-    let ok = Command::cargo_bin("primus")
-        .expect("binary")
-        .args(["validate", path, "--no-refit", "--max-median-error", "10"])
-        .output()
-        .expect("runs");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let text = String::from_utf8_lossy(&ok.stdout);
+    let text = primus_ok(&["validate", path, "--no-refit", "--max-median-error", "10"]);
     assert!(
         text.contains("median") && text.contains("preserved"),
         "{text}"
@@ -110,25 +116,15 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
         env!("CARGO_MANIFEST_DIR"),
         "/../oracle/tests/data/memory.csv"
     );
-    let ok = Command::cargo_bin("primus")
-        .expect("binary")
-        .args([
-            "validate",
-            "--memory",
-            path,
-            "--max-median-error",
-            "13",
-            "--max-error",
-            "28",
-        ])
-        .output()
-        .expect("runs");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let text = String::from_utf8_lossy(&ok.stdout);
+    let text = primus_ok(&[
+        "validate",
+        "--memory",
+        path,
+        "--max-median-error",
+        "13",
+        "--max-error",
+        "28",
+    ]);
     for part in [
         "MB-O1",
         "after-step",
@@ -195,17 +191,7 @@ fn cli_validate_ablate_lists_each_options_effect() {
         env!("CARGO_MANIFEST_DIR"),
         "/../oracle/tests/data/published.csv"
     );
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
-        .args(["validate", "--ablate", path])
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = primus_ok(&["validate", "--ablate", path]);
     let n20 = text
         .lines()
         .find(|l| l.starts_with("N20 "))
@@ -218,13 +204,8 @@ fn cli_validate_ablate_lists_each_options_effect() {
         text.contains("MEDIAN SPEEDUP") && text.contains("\ncapacityFactor "),
         "{text}"
     );
-    let json = Command::cargo_bin("primus")
-        .expect("binary")
-        .args(["validate", "--ablate", "-o", "json", path])
-        .output()
-        .expect("runs");
-    assert!(json.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let json = primus_ok(&["validate", "--ablate", "-o", "json", path]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 4, "the file's MoE rows");
     let n20 = rows.iter().find(|r| r["id"] == "N20").expect("N20");
@@ -237,42 +218,34 @@ fn cli_validate_ablate_lists_each_options_effect() {
     let without = capacity["without"].as_f64().expect("projected without");
     // The same row with the capacity columns emptied, through the plain validation.
     let text = std::fs::read_to_string(path).expect("csv");
-    let mut lines = text.lines();
-    let header = lines.next().expect("header");
-    let cols: Vec<&str> = header.split(',').collect();
-    let row = lines.find(|l| l.starts_with("N20,")).expect("N20 line");
-    let mut fields = primus_oracle::validate::parse_csv(&format!("{header}\n{row}\n"))
-        .expect("csv")[1]
+    let records = primus_oracle::validate::parse_csv(&text).expect("csv");
+    let header = &records[0].1;
+    let mut fields = records
+        .iter()
+        .find(|(_, f)| f[0] == "N20")
+        .expect("N20 record")
         .1
         .clone();
     for name in ["capacityFactor", "padToCapacity"] {
-        let i = cols.iter().position(|c| *c == name).expect(name);
+        let i = header.iter().position(|c| c == name).expect(name);
         fields[i] = String::new();
     }
-    let quoted: Vec<String> = fields
-        .iter()
-        .map(|f| format!("\"{}\"", f.replace('"', "\"\"")))
-        .collect();
-    let dir = std::env::temp_dir().join(format!("primus-ablate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let file = dir.join("n20-dropless.csv");
-    std::fs::write(&file, format!("{header}\n{}\n", quoted.join(","))).expect("write");
-    let plain = Command::cargo_bin("primus")
-        .expect("binary")
-        .args(["validate", "-o", "json", "--no-refit"])
-        .arg(&file)
-        .output()
-        .expect("runs");
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
-    let p: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("JSON");
+    let quote = |f: &String| format!("\"{}\"", f.replace('"', "\"\""));
+    let line = |f: &[String]| f.iter().map(quote).collect::<Vec<_>>().join(",");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("n20-dropless.csv");
+    std::fs::write(&file, format!("{}\n{}\n", line(header), line(&fields))).expect("write");
+    let plain = primus_ok(&[
+        "validate",
+        "-o",
+        "json",
+        "--no-refit",
+        file.to_str().expect("UTF-8 path"),
+    ]);
+    let p: serde_json::Value = serde_json::from_str(&plain).expect("JSON");
     let projected = p["rows"][0]["projected"].as_f64().expect("projected");
     assert!(
         (projected - without).abs() <= 1e-6 * without,
         "{projected} vs {without}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
