@@ -172,14 +172,17 @@ pub(super) fn kind_cost(
         host: ep.host.backward,
     };
     // Full recompute reruns the forward, communication included (not the FSDP gather: the
-    // backward gathers anyway).
-    let recompute_full = Parts { dp: 0.0, ..forward };
+    // backward gathers anyway); the rerun lengthens the backward that hides FSDP's traffic.
+    let recompute_full = Parts {
+        dp: dp.hidden_by_rerun(t.forward),
+        ..forward
+    };
     KindCost {
         forward,
         backward,
         weight: t.wgrad,
         recompute_full,
-        recompute_selective: selective_recompute(&x, timer, ctx, &forward, tp.mlp_forward),
+        recompute_selective: selective_recompute(&x, timer, ctx, &forward, tp.mlp_forward, &dp),
         flops: t.model_flops_forward,
     }
 }
@@ -247,13 +250,32 @@ fn cp_cost(x: &LayerInput) -> FwdBwd {
     }
 }
 
+/// FSDP's exposed traffic of one layer: what its gather and reduce-scatter leave uncovered
+/// in each pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct FsdpCost {
+    forward: f64,
+    backward: f64,
+}
+
+impl FsdpCost {
+    /// What a recompute rerun of `rerun` GPU seconds hides of the backward's exposed traffic
+    /// (negative: it is added to the backward): the layer's gather for the backward and the
+    /// previous layer's reduce-scatter are prefetched and drained behind the whole backward
+    /// of the layer, the rerun included (Megatron-FSDP and FSDP2 gather once for the rerun and
+    /// the gradient computation).
+    fn hidden_by_rerun(&self, rerun: f64) -> f64 {
+        -self.backward.min(rerun.max(0.0))
+    }
+}
+
 /// FSDP: gather the layer's weights forward and backward, reduce-scatter its gradients, each
 /// prefetched behind the layer's compute.
-fn fsdp_cost(x: &LayerInput) -> FwdBwd {
+fn fsdp_cost(x: &LayerInput) -> FsdpCost {
     let (card, cc, t) = (x.card, x.cc, &x.t);
     let l = cc.l;
     if !l.fsdp {
-        return FwdBwd::default();
+        return FsdpCost::default();
     }
     let p = card.layer_params(x.shape.kind);
     let dense = p.non_expert_per_gpu(l.tp);
@@ -262,7 +284,7 @@ fn fsdp_cost(x: &LayerInput) -> FwdBwd {
         + collectives::all_gather(&cc.topo, &cc.place.edp, experts * PARAM_BYTES);
     let rs = collectives::reduce_scatter(&cc.topo, &cc.place.dp_cp, dense * grad_bytes(l))
         + collectives::reduce_scatter(&cc.topo, &cc.place.edp, experts * grad_bytes(l));
-    FwdBwd {
+    FsdpCost {
         forward: (ag - t.forward).max(0.0),
         backward: (ag + rs - t.backward()).max(0.0),
     }
@@ -271,14 +293,16 @@ fn fsdp_cost(x: &LayerInput) -> FwdBwd {
 /// Selective recompute reruns the forward of its modules (`compute::recompute_ops`) and the
 /// communication inside them: the attention core's CP exchange (core_attn), the dense MLP's
 /// or the shared experts' TP collectives (mlp; moe, shared_experts), the MoE block's dispatch
-/// and combine with the dispatcher's host sync (moe). `forward` is the layer's forward;
-/// `mlp_tp_forward` its MLP block's TP collectives.
+/// and combine with the dispatcher's host sync (moe); the rerun hides FSDP traffic as full
+/// recompute's does. `forward` is the layer's forward; `mlp_tp_forward` its MLP block's TP
+/// collectives; `dp` its FSDP exposure.
 fn selective_recompute(
     x: &LayerInput,
     timer: &dyn OpTimer,
     ctx: &TimerContext,
     forward: &Parts,
     mlp_tp_forward: f64,
+    dp: &FsdpCost,
 ) -> Parts {
     use crate::layout::RecomputeModule as M;
     let set = x.cc.l.recompute_set();
@@ -306,7 +330,7 @@ fn selective_recompute(
         tp: if mlp_comm { mlp_tp_forward } else { 0.0 },
         ep: if moe_block { forward.ep } else { 0.0 },
         host: if moe_block { forward.host } else { 0.0 },
-        dp: 0.0,
+        dp: dp.hidden_by_rerun(rerun.forward),
     }
 }
 
