@@ -305,6 +305,12 @@ struct Workspace {
     params: Vec<GpuParams>,
     /// Per virtual stage: recomputation inside one backward pass.
     recompute: Vec<f64>,
+    /// Per virtual stage: what a forward and a backward add when they run unpaired under the
+    /// EP overlap.
+    alone: Vec<layer::AloneParts>,
+    /// Per virtual stage: an unpaired forward's and backward's duration.
+    forward_alone: Vec<f64>,
+    backward_alone: Vec<f64>,
     /// One pipeline message.
     p2p: f64,
 }

@@ -66,6 +66,18 @@ pub struct StageCosts<'a> {
     pub weight: &'a [f64],
     /// One activation (or gradient) message between consecutive virtual stages.
     pub p2p: f64,
+    /// Under Megatron's EP overlap (`--overlap-moe-expert-parallel-comm`, interleaved only):
+    /// the steady state pairs each forward with a backward, the warm-up (one micro-batch
+    /// longer: `get_pp_rank_microbatches`) and cool-down passes run alone, at these durations.
+    pub alone: Option<AlonePasses<'a>>,
+}
+
+/// Per virtual stage: the duration of a forward and of a backward (input gradients) that run
+/// unpaired.
+#[derive(Debug, Clone, Copy)]
+pub struct AlonePasses<'a> {
+    pub forward: &'a [f64],
+    pub backward: &'a [f64],
 }
 
 /// What one pipeline rank did.
@@ -166,6 +178,9 @@ struct PlanMeta {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PlanKey {
     interleaved: bool,
+    /// The EP overlap's schedule: a longer warm-up, and the unpaired passes at the
+    /// [`AlonePasses`] durations.
+    paired: bool,
     pp: usize,
     vpp: usize,
     m: usize,
@@ -187,6 +202,8 @@ struct BuiltPlan {
     rank_ops_at: Vec<usize>,
     /// Plan position of each rank's last pass.
     last_of_rank: Vec<u32>,
+    /// Each unpaired pass (an [`AlonePasses`] duration): its rank and duration index.
+    alone: Vec<(u16, u16)>,
     /// The periodic middle of the plan (steady state), if any.
     period: Option<Period>,
 }
@@ -273,6 +290,20 @@ impl Simulator {
         &self.ranks
     }
 
+    /// The passes the last planned run ran unpaired ([`StageCosts::alone`]): (rank, backward?,
+    /// virtual stage), one entry per pass.
+    pub fn unpaired_passes(&self) -> impl Iterator<Item = (usize, bool, usize)> + '_ {
+        let nvs = match self.built.key {
+            Some(k) if self.planned => k.pp * k.vpp,
+            _ => 0,
+        };
+        let alone: &[(u16, u16)] = if nvs > 0 { &self.built.alone } else { &[] };
+        alone.iter().map(move |&(r, dur)| {
+            let d = dur as usize - 2 * nvs;
+            (r as usize, d >= nvs, d % nvs)
+        })
+    }
+
     /// Per-virtual-stage last backward pass of the last run.
     pub fn last_backward(&self) -> &[LastBackward] {
         &self.last_backward
@@ -316,9 +347,15 @@ impl Simulator {
         };
         let m = m.max(1);
         let too_large = ScheduleError::TooLarge { pp, vpp, m };
-        // Pass indices are u32, ranks u16 and durations u16 (`nvs + vs`).
+        // Pass indices are u32, ranks u16 and durations u16 (`3 * nvs + vs`).
         let nvs = pp.checked_mul(vpp).ok_or(too_large.clone())?;
-        if nvs >= u16::MAX as usize / 2 || c.forward.len() < nvs || c.backward.len() < nvs {
+        let short = |v: &[f64]| v.len() < nvs;
+        if nvs >= u16::MAX as usize / 4
+            || short(c.forward)
+            || short(c.backward)
+            || c.alone
+                .is_some_and(|a| short(a.forward) || short(a.backward))
+        {
             return Err(too_large);
         }
         let passes = (2 * nvs as u64).checked_mul(m as u64);
@@ -357,6 +394,7 @@ impl Simulator {
         } else {
             self.ensure_plan(PlanKey {
                 interleaved: vpp > 1,
+                paired: vpp > 1 && c.alone.is_some(),
                 pp,
                 vpp,
                 m,
@@ -438,11 +476,19 @@ impl Simulator {
     fn run_plan(&mut self, c: &StageCosts, pp: usize, vpp: usize, m: usize) {
         let nvs = pp * vpp;
         let n = self.built.plan.len();
-        // Durations: forwards, then backwards (input and weight gradients together).
+        // Durations: forwards, then backwards (input and weight gradients together), then the
+        // same run unpaired (`dur + 2 * nvs`).
         self.durations.clear();
         self.durations.extend_from_slice(&c.forward[..nvs]);
         self.durations
             .extend((0..nvs).map(|vs| c.backward[vs] + c.weight[vs]));
+        let alone = c.alone.unwrap_or(AlonePasses {
+            forward: c.forward,
+            backward: c.backward,
+        });
+        self.durations.extend_from_slice(&alone.forward[..nvs]);
+        self.durations
+            .extend((0..nvs).map(|vs| alone.backward[vs] + c.weight[vs]));
         // Every entry is written before it is read; only the sentinel needs a value.
         if self.end.len() != n + 1 {
             self.end.resize(n + 1, 0.0);
@@ -505,13 +551,17 @@ impl Simulator {
                 first_forward_end: 0.0,
             };
         }
+        for &(r, dur) in &self.built.alone {
+            let d = dur as usize;
+            self.ranks[r as usize].busy += durations[d] - durations[d - 2 * nvs];
+        }
         for &(r, pos) in &self.built.first_forward_at {
             self.ranks[r as usize].first_forward_end = end[pos as usize];
         }
         for &(vs, pos) in &self.built.last_backward_at {
             let e = end[pos as usize];
             self.last_backward[vs as usize] = LastBackward {
-                start: e - durations[nvs + vs as usize],
+                start: e - durations[self.built.plan[pos as usize].dur as usize],
                 end: e,
             };
         }

@@ -18,6 +18,7 @@ fn costs<'a>(
         backward: b,
         weight: w,
         p2p,
+        alone: None,
     }
 }
 
@@ -362,4 +363,71 @@ mod extrapolation {
         let r = tracing.run(Schedule::OneFOneB, &costs(p, 1, &f, &f, &f, 0.0), m);
         assert!(matches!(r, Err(ScheduleError::TooLarge { .. })), "{r:?}");
     }
+}
+
+/// Megatron's interleaved schedule with the EP overlap (`schedules.py`,
+/// `get_pp_rank_microbatches`): rank r runs `(pp - r - 1) * 2 + (vpp - 1) * pp + 1` warm-up
+/// forwards (one more than without the overlap) and as many cool-down backwards outside the
+/// steady state's forward-backward pairs; those passes take the `alone` durations. PP4 VPP2,
+/// 8 micro-batches (16 forwards per rank): 11, 9, 7 and 5 unpaired forwards and backwards.
+#[test]
+fn the_overlap_schedule_runs_its_warm_up_and_cool_down_alone() {
+    use primus_oracle::schedule::AlonePasses;
+    let (pp, vpp, m) = (4usize, 2usize, 8usize);
+    let nvs = pp * vpp;
+    let (f, b) = (vec![1.0; nvs], vec![2.0; nvs]);
+    let (fa, ba) = (vec![1.5; nvs], vec![2.75; nvs]);
+    let w = vec![0.0; nvs];
+    let mut c = costs(pp, vpp, &f, &b, &w, 0.0);
+    c.alone = Some(AlonePasses {
+        forward: &fa,
+        backward: &ba,
+    });
+    let mut sim = Simulator::tracing();
+    sim.run(Schedule::Interleaved, &c, m).expect("runs");
+    let events = sim.trace.clone().expect("trace");
+    for r in 0..pp {
+        let warmup = (pp - r - 1) * 2 + (vpp - 1) * pp + 1;
+        let mut mine: Vec<_> = events.iter().filter(|e| e.rank as usize == r).collect();
+        mine.sort_by(|x, y| x.start.total_cmp(&y.start));
+        let first_backward = mine
+            .iter()
+            .position(|e| e.kind == PassKind::Backward)
+            .expect("a backward");
+        // The steady state starts with a forward, then its paired backward.
+        assert_eq!(first_backward, warmup + 1, "rank {r}: warm-up forwards");
+        let durations: Vec<f64> = mine.iter().map(|e| e.end - e.start).collect();
+        let n = durations.len();
+        for (j, d) in durations.iter().enumerate() {
+            let backward = mine[j].kind == PassKind::Backward;
+            let alone = j < warmup || j >= n - warmup;
+            let expect = match (backward, alone) {
+                (false, false) => 1.0,
+                (true, false) => 2.0,
+                (false, true) => 1.5,
+                (true, true) => 2.75,
+            };
+            assert!(
+                (d - expect).abs() < 1e-12,
+                "rank {r} pass {j}: {d} vs {expect}"
+            );
+        }
+        let busy = (m * vpp) as f64 * 3.0 + warmup as f64 * (0.5 + 0.75);
+        assert!((sim.ranks()[r].busy - busy).abs() < 1e-9, "rank {r} busy");
+        let unpaired = sim.unpaired_passes().filter(|p| p.0 == r).count();
+        assert_eq!(unpaired, 2 * warmup, "rank {r}");
+    }
+    // Without the overlap: Megatron's warm-up, every pass at the paired durations.
+    c.alone = None;
+    let mut sim = Simulator::tracing();
+    sim.run(Schedule::Interleaved, &c, m).expect("runs");
+    let events = sim.trace.clone().expect("trace");
+    let mut first: Vec<_> = events.iter().filter(|e| e.rank == 0).collect();
+    first.sort_by(|x, y| x.start.total_cmp(&y.start));
+    let first_backward = first
+        .iter()
+        .position(|e| e.kind == PassKind::Backward)
+        .expect("a backward");
+    assert_eq!(first_backward, (pp - 1) * 2 + (vpp - 1) * pp + 1);
+    assert_eq!(sim.unpaired_passes().count(), 0);
 }

@@ -50,6 +50,21 @@ pub(super) struct FwdBwd {
     pub backward: f64,
 }
 
+/// What a forward and a backward pass add (or, for the backward, may remove) when they run
+/// unpaired under the EP overlap; zero without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct AloneParts {
+    pub forward: Parts,
+    pub backward: Parts,
+}
+
+impl AloneParts {
+    pub(super) fn add(&mut self, o: &AloneParts, times: f64) {
+        self.forward.add(&o.forward, times);
+        self.backward.add(&o.backward, times);
+    }
+}
+
 /// One kind of decoder layer, per micro-batch on one GPU.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct KindCost {
@@ -63,6 +78,10 @@ pub(super) struct KindCost {
     pub recompute_full: Parts,
     /// What selective recomputation of the layout's modules adds.
     pub recompute_selective: Parts,
+    /// What a pass adds when it runs unpaired under the EP overlap (the warm-up forwards and
+    /// cool-down backwards of an interleaved schedule): its own dispatch and combine exposed
+    /// in place of the paired exposure, and the host time that leaves.
+    pub alone: AloneParts,
     /// Model FLOPs of the forward pass on this GPU.
     pub flops: f64,
 }
@@ -183,6 +202,18 @@ pub(super) fn kind_cost(
         weight: t.wgrad,
         recompute_full,
         recompute_selective: selective_recompute(&x, timer, ctx, &forward, tp.mlp_forward, &dp),
+        alone: AloneParts {
+            forward: Parts {
+                ep: ep.alone.forward.ep,
+                host: ep.alone.forward.host,
+                ..Parts::default()
+            },
+            backward: Parts {
+                ep: ep.alone.backward.ep,
+                host: ep.alone.backward.host,
+                ..Parts::default()
+            },
+        },
         flops: t.model_flops_forward,
     }
 }

@@ -9,7 +9,7 @@ use crate::collectives::{self, Placement, Topology};
 use crate::compute::{ACT_BYTES, Dims, OpTimer, TimerContext};
 use crate::layout::{Layout, LayoutError, Schedule};
 use crate::scenario::Scenario;
-use crate::schedule::{ScheduleError, ScheduleSummary, StageCosts};
+use crate::schedule::{AlonePasses, ScheduleError, ScheduleSummary, StageCosts};
 
 use super::layer::{CommContext, Parts};
 use super::{Breakdown, StepTime, Workspace};
@@ -119,6 +119,24 @@ fn pipeline(st: &Setup, w: &mut Workspace) -> Result<PipelineRun, ScheduleError>
         Schedule::OneFOneB
     };
     w.p2p = p2p;
+    // The EP overlap pairs passes only in an interleaved schedule's steady state.
+    let paired = st.l.moe.ep_overlap && schedule == Schedule::Interleaved;
+    w.forward_alone.clear();
+    w.backward_alone.clear();
+    if paired {
+        w.forward_alone.extend(
+            w.forward
+                .iter()
+                .zip(&w.alone)
+                .map(|(f, a)| f + a.forward.total()),
+        );
+        w.backward_alone.extend(
+            w.backward
+                .iter()
+                .zip(&w.alone)
+                .map(|(b, a)| b + a.backward.total()),
+        );
+    }
     let costs = StageCosts {
         pp: st.pp,
         vpp: st.vpp,
@@ -126,6 +144,10 @@ fn pipeline(st: &Setup, w: &mut Workspace) -> Result<PipelineRun, ScheduleError>
         backward: &w.backward,
         weight: &w.weight,
         p2p,
+        alone: paired.then_some(AlonePasses {
+            forward: &w.forward_alone,
+            backward: &w.backward_alone,
+        }),
     };
     let m = usize::try_from(st.m).unwrap_or(usize::MAX);
     Ok(PipelineRun {
@@ -153,6 +175,12 @@ fn breakdown(
     let mut parts = Parts::default();
     for c in 0..st.vpp {
         parts.add(&w.parts[c * st.pp + critical.rank], m as f64);
+    }
+    for (r, backward, vs) in w.sim.unpaired_passes() {
+        if r == critical.rank {
+            let a = &w.alone[vs];
+            parts.add(if backward { &a.backward } else { &a.forward }, 1.0);
+        }
     }
     let breakdown = Breakdown {
         compute: parts.compute,

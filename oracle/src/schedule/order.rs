@@ -15,8 +15,11 @@ pub(super) struct RankOrder {
 }
 
 impl RankOrder {
+    /// `paired`: the interleaved schedule of Megatron's EP overlap, whose warm-up runs one
+    /// more forward (`get_pp_rank_microbatches`) so every steady-state forward pairs with a
+    /// backward of an earlier micro-batch.
     #[inline]
-    pub(super) fn new(pp: usize, vpp: usize, m: usize, rank: usize) -> RankOrder {
+    pub(super) fn new(pp: usize, vpp: usize, m: usize, rank: usize, paired: bool) -> RankOrder {
         let total = m * vpp;
         let group = pp.min(m).max(1);
         let warmup = if vpp == 1 {
@@ -25,7 +28,7 @@ impl RankOrder {
         } else {
             // Interleaved: (p - r - 1) * 2 + (v - 1) * group, all of them when that exceeds
             // the total (megatron/core/pipeline_parallel/schedules.py).
-            ((pp - rank - 1) * 2 + (vpp - 1) * group).min(total)
+            ((pp - rank - 1) * 2 + (vpp - 1) * group + usize::from(paired)).min(total)
         };
         RankOrder {
             vpp,
@@ -40,6 +43,13 @@ impl RankOrder {
     #[inline]
     pub(super) fn len(&self) -> usize {
         2 * self.total
+    }
+
+    /// Whether the `j`-th pass runs outside the steady state's forward-backward pairs: a
+    /// warm-up forward or a cool-down backward.
+    #[inline]
+    pub(super) fn unpaired(&self, j: usize) -> bool {
+        j < self.warmup || j >= self.total + (self.total - self.warmup)
     }
 
     /// The `k`-th entry of Megatron's schedule table: micro-batches in groups of `group`,

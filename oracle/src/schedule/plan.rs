@@ -42,6 +42,11 @@ impl Simulator {
             last[op.rank as usize] = i as u32;
         }
         self.built.last_of_rank = last;
+        self.built.alone = plan
+            .iter()
+            .filter(|op| op.dur as usize >= 2 * nvs)
+            .map(|op| (op.rank, op.dur))
+            .collect();
         let position = placed.position;
         self.built.last_backward_at = (0..nvs)
             .map(|vs| (vs as u32, position[index(true, vs, m - 1, nvs, m)]))
@@ -90,10 +95,14 @@ impl Simulator {
 /// rank's order whose input pass is already placed; a sweep that places nothing is a
 /// deadlock.
 fn place_passes(key: PlanKey) -> Result<Placed, ScheduleError> {
-    let PlanKey { pp, vpp, m, .. } = key;
+    let PlanKey {
+        pp, vpp, m, paired, ..
+    } = key;
     let nvs = pp * vpp;
     let total_ops = 2 * nvs * m;
-    let orders: Vec<RankOrder> = (0..pp).map(|r| RankOrder::new(pp, vpp, m, r)).collect();
+    let orders: Vec<RankOrder> = (0..pp)
+        .map(|r| RankOrder::new(pp, vpp, m, r, paired))
+        .collect();
     // Plan position of each pass once placed (forwards first, then backwards).
     let mut position = vec![NONE; total_ops];
     let mut cursor = vec![0usize; pp];
@@ -119,11 +128,16 @@ fn place_passes(key: PlanKey) -> Result<Placed, ScheduleError> {
                     p
                 };
                 position[index(backward, vs, mb, nvs, m)] = plan.len() as u32;
+                let alone = if paired && o.unpaired(cursor[r]) {
+                    2 * nvs
+                } else {
+                    0
+                };
                 plan.push(PlanOp {
                     dep: dep_pos,
                     prev: total_ops as u32,
                     rank: r as u16,
-                    dur: (if backward { nvs + vs } else { vs }) as u16,
+                    dur: (alone + if backward { nvs + vs } else { vs }) as u16,
                     cross: cross as u8,
                 });
                 meta.push(PlanMeta {
@@ -163,7 +177,8 @@ fn reorder_by_reference_start(placed: Placed, nvs: usize, pp: usize) -> Placed {
     for (i, op) in plan.iter().enumerate() {
         let ready = end_ref[op.dep as usize];
         let st = free[op.rank as usize].max(ready);
-        let dur = if (op.dur as usize) < nvs { 1.0 } else { 2.0 };
+        let forward = (op.dur as usize) % (2 * nvs) < nvs;
+        let dur = if forward { 1.0 } else { 2.0 };
         start[i] = st;
         end_ref[i] = st + dur;
         free[op.rank as usize] = st + dur;

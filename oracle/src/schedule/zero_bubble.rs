@@ -34,7 +34,7 @@ impl Simulator {
             let mut progressed = false;
             for i in 0..pp {
                 let r = if forward_sweep { i } else { pp - 1 - i };
-                let o = RankOrder::new(pp, 1, m, r);
+                let o = RankOrder::new(pp, 1, m, r, false);
                 while self.cursor[r] < o.len() {
                     let (backward, mb, _) = o.pass(self.cursor[r]);
                     let vs = r;

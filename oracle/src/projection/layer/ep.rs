@@ -47,6 +47,27 @@ use super::{CommContext, FwdBwd, LayerInput};
 pub(super) struct EpCost {
     pub ep: FwdBwd,
     pub host: FwdBwd,
+    /// Under the EP overlap, what each pass adds when it runs unpaired (see [`EpAlone`]).
+    pub alone: EpAlone,
+}
+
+/// Under `--overlap-moe-expert-parallel-comm` only the steady state pairs a forward with a
+/// backward: Megatron's interleaved schedule runs its warm-up forwards and cool-down
+/// backwards alone (`schedules.py`, `forward_backward_helper_wrapper` with one of the two
+/// micro-batch ids unset), each exposing its own dispatch and combine. Per pass: that
+/// exposure and its host time minus what the paired pass is charged (the backward carries the
+/// pair's exposure, so an unpaired backward may cost less than a paired one).
+#[derive(Default)]
+pub(super) struct EpAlone {
+    pub forward: EpHost,
+    pub backward: EpHost,
+}
+
+/// Exposed EP communication and host time of one pass.
+#[derive(Default)]
+pub(super) struct EpHost {
+    pub ep: f64,
+    pub host: f64,
 }
 
 /// EP: dispatch and combine, the overlaps, and the host time of a MoE layer.
@@ -96,18 +117,37 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
             backward: ep.backward,
         }
     };
-    EpCost {
-        ep,
-        host: host_time(cc, t, &exposed, ctx),
-    }
+    let host = host_time(cc, t, &exposed, ctx);
+    let alone = if opts.ep_overlap {
+        // Unpaired: the pass's own dispatch and combine, exposed as without the overlap.
+        let own = FwdBwd {
+            forward: comm,
+            backward: comm,
+        };
+        let own_host = host_time(cc, t, &own, ctx);
+        EpAlone {
+            forward: EpHost {
+                ep: comm - ep.forward,
+                host: own_host.forward - host.forward,
+            },
+            backward: EpHost {
+                ep: comm - ep.backward,
+                host: own_host.backward - host.backward,
+            },
+        }
+    } else {
+        EpAlone::default()
+    };
+    EpCost { ep, host, alone }
 }
 
 /// Exposed dispatch + combine of both passes under `--overlap-moe-expert-parallel-comm`: the
 /// paired passes hide `comm` (per pass) behind the `epOverlap` fraction of their computation.
-/// Charged to the backward, which the pairing merges the forward into. The first forward and
-/// the last backward of a step run unpaired: at m micro-batches that exposes 1/m of one
-/// layer's communication, which is left out (so the exhaustive search's throughput bound,
-/// projected on one micro-batch, stays an upper bound).
+/// Charged to the backward, which the pairing merges the forward into. The passes a pipeline
+/// schedule runs unpaired pay [`EpAlone`] on top; without a pipeline, the first forward and
+/// the last backward of a step, 1/m of one layer's communication, are left out (so the
+/// exhaustive search's throughput bound, projected on one micro-batch, stays an upper
+/// bound).
 fn overlapped(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> FwdBwd {
     let eff = ctx.hardware.efficiency.ep_overlap;
     let wgrad = if cc.l.moe.delay_wgrad { t.wgrad } else { 0.0 };

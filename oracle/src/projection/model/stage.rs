@@ -9,7 +9,9 @@ use crate::layout::Recompute;
 use crate::model::LayerKind;
 
 use super::Setup;
-use crate::projection::layer::{FwdBwd, KindCost, Parts, kind_cost, shape_counts, shape_index};
+use crate::projection::layer::{
+    AloneParts, FwdBwd, KindCost, Parts, kind_cost, shape_counts, shape_index,
+};
 use crate::projection::{LOSS_ALLREDUCE_SCALARS, Workspace};
 
 /// Parameters one GPU holds, split by how data parallelism shards them: non-expert (over the
@@ -137,6 +139,8 @@ pub(super) struct StageCost {
     /// Model FLOPs of the forward.
     flops: f64,
     params: GpuParams,
+    /// What its forward and backward add when they run unpaired under the EP overlap.
+    alone: AloneParts,
 }
 
 /// Fill the workspace's per-virtual-stage costs (`chunk * pp + rank`) and return the model
@@ -155,6 +159,8 @@ pub(super) fn stage_costs(st: &Setup, w: &mut Workspace) -> f64 {
     w.params.resize(nvs, GpuParams::default());
     w.recompute.clear();
     w.recompute.resize(nvs, 0.0);
+    w.alone.clear();
+    w.alone.resize(nvs, AloneParts::default());
     let mut kinds = KindCosts::new(st);
     let edges = EdgeCosts::of(st);
     let mut model_flops_all = 0.0;
@@ -172,6 +178,7 @@ pub(super) fn stage_costs(st: &Setup, w: &mut Workspace) -> f64 {
             both.compute += cost.weight;
             w.parts[vs] = both;
             w.params[vs] = cost.params;
+            w.alone[vs] = cost.alone;
         }
     }
     model_flops_all
@@ -195,6 +202,7 @@ fn stage_cost(
         recompute: Parts::default(),
         flops: 0.0,
         params: GpuParams::default(),
+        alone: AloneParts::default(),
     };
     let range = vstage.range();
     let recomputed_end = match l.recompute {
@@ -213,6 +221,7 @@ fn stage_cost(
         let n = sc.layers as f64;
         cost.forward.add(&k.forward, n);
         cost.backward.add(&k.backward, n);
+        cost.alone.add(&k.alone, n);
         cost.weight += k.weight * n;
         cost.flops += k.flops * n;
         match l.recompute {
@@ -292,6 +301,7 @@ fn add_mtp(
     let n = modules as f64;
     cost.forward.add(&k.forward, n);
     cost.backward.add(&k.backward, n);
+    cost.alone.add(&k.alone, n);
     cost.weight += (k.weight + extra.wgrad) * n;
     cost.forward.compute += extra.forward * n;
     cost.backward.compute += extra.dgrad * n;
