@@ -3,19 +3,14 @@
 //! argument). Their cluster side (`--plan`, `--report-to`, `report`) runs in the operator's
 //! end-to-end tests against the test bed.
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn example(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
-        .join(name)
-}
+use common::{example, primus};
+use predicates::prelude::*;
 
 #[test]
 fn simulate_prints_results_marked_as_simulated() {
-    let out = Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["bench", "-f"])
         .arg(example("llama3.1-8b-h100-benchmark.yaml"))
         .env("NODE_NAME", "node-7")
@@ -43,8 +38,7 @@ fn simulate_prints_results_marked_as_simulated() {
 fn output_file_and_moe_downscaling() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("r.json");
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["bench", "--simulate", "-f"])
         .arg(example("mixtral-8x22b-mi355x.yaml"))
         .arg("-o")
@@ -90,8 +84,7 @@ fn gpu_backends_refuse_with_one_line() {
         let Some(start) = expected_refusal(backend) else {
             continue;
         };
-        let out = Command::cargo_bin("primus")
-            .unwrap()
+        let out = primus()
             .args(["bench", "--backend", backend, "-f"])
             .arg(example(plan))
             .output()
@@ -108,33 +101,26 @@ fn gpu_backends_refuse_with_one_line() {
 
 #[test]
 fn bad_input_names_the_argument() {
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["report", "--plan", "ns/p", "--tokens-per-second", "-5"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("--tokens-per-second"));
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["report", "--plan", "Bad/Name", "--tokens-per-second", "5"])
         .env("KUBECONFIG", "/nonexistent")
         .assert()
         .failure()
         .stderr(predicate::str::contains("error:"));
     // Neither -f nor --plan.
-    Command::cargo_bin("primus")
-        .unwrap()
-        .args(["bench", "--simulate"])
-        .assert()
-        .code(2);
+    primus().args(["bench", "--simulate"]).assert().code(2);
 }
 
 #[test]
 fn finalists_are_timed_at_their_own_shapes_and_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("r.json");
-    let out = Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["bench", "--simulate", "--finalists", "4", "-f"])
         .arg(example("llama3.1-8b-h100-benchmark.yaml"))
         .arg("-o")
@@ -161,8 +147,7 @@ fn finalists_are_timed_at_their_own_shapes_and_bounded() {
     keys.dedup();
     assert_eq!(keys.len(), finalists.len(), "each shape timed once");
     // Beyond the bound: refused, naming the flag.
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["bench", "--simulate", "--finalists", "9", "-f"])
         .arg(example("llama3.1-8b-h100-benchmark.yaml"))
         .assert()

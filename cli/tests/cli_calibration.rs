@@ -2,22 +2,17 @@
 //! which terms the output marks measured and which analytic, the JSON contract, report files in
 //! both forms (results JSON, BenchmarkReport YAML), and errors naming the option.
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn example(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
-        .join(name)
-}
+use common::{example, primus};
+use predicates::prelude::*;
 
 const PLAN: &str = "llama3.1-8b-h100-benchmark.yaml";
 
 /// A simulated report of the example plan, written to `dir/r.json`.
 fn simulated_report(dir: &std::path::Path) -> (std::path::PathBuf, serde_json::Value) {
     let file = dir.join("r.json");
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["bench", "--simulate", "-f"])
         .arg(example(PLAN))
         .arg("-o")
@@ -29,8 +24,7 @@ fn simulated_report(dir: &std::path::Path) -> (std::path::PathBuf, serde_json::V
 }
 
 fn project_json(extra: &[&std::ffi::OsStr]) -> serde_json::Value {
-    let out = Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["project", "-o", "json", "-f"])
         .arg(example(PLAN))
         .args(extra)
@@ -48,8 +42,7 @@ fn project_json(extra: &[&std::ffi::OsStr]) -> serde_json::Value {
 fn the_table_marks_measured_and_analytic_terms() {
     let dir = tempfile::tempdir().unwrap();
     let (file, _) = simulated_report(dir.path());
-    let out = Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["project", "-f"])
         .arg(example(PLAN))
         .arg("--calibration")
@@ -121,8 +114,7 @@ fn json_output_carries_the_calibration_and_scales_with_the_report() {
 #[test]
 fn bad_reports_name_the_option() {
     let dir = tempfile::tempdir().unwrap();
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["project", "-f"])
         .arg(example(PLAN))
         .args(["--calibration", "/nonexistent/r.json"])
@@ -136,8 +128,7 @@ fn bad_reports_name_the_option() {
     report["gpuProduct"] = "AMD Instinct MI300X".into();
     let other = dir.path().join("other.json");
     std::fs::write(&other, report.to_string()).unwrap();
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["project", "-f"])
         .arg(example(PLAN))
         .arg("--calibration")
@@ -150,8 +141,7 @@ fn bad_reports_name_the_option() {
         );
     report["ops"] = "none".into();
     std::fs::write(&other, report.to_string()).unwrap();
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["project", "-f"])
         .arg(example(PLAN))
         .arg("--calibration")
@@ -165,8 +155,7 @@ fn bad_reports_name_the_option() {
 fn bench_compare_prints_measured_against_modelled() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("r.json");
-    let out = Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["bench", "--simulate", "--compare", "-f"])
         .arg(example(PLAN))
         .arg("-o")
@@ -192,8 +181,7 @@ fn tune_scores_with_the_calibrated_oracle() {
     let dir = tempfile::tempdir().unwrap();
     let (file, _) = simulated_report(dir.path());
     let tune = |extra: &[&std::ffi::OsStr]| -> serde_json::Value {
-        let out = Command::cargo_bin("primus")
-            .unwrap()
+        let out = primus()
             .args(["tune", "-q", "-o", "json", "--searcher", "exhaustive", "-f"])
             .arg(example(PLAN))
             .args(extra)
@@ -213,8 +201,7 @@ fn tune_scores_with_the_calibrated_oracle() {
         analytic["best"]["projection"]["stepTimeSeconds"],
         calibrated["best"]["projection"]["stepTimeSeconds"]
     );
-    Command::cargo_bin("primus")
-        .unwrap()
+    primus()
         .args(["tune", "-q", "-f"])
         .arg(example(PLAN))
         .args(["--calibration", "/nonexistent.json"])

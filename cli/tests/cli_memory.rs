@@ -1,22 +1,9 @@
 //! `primus memory -f PLAN [-o table|json]`: exit codes, JSON field names (DESIGN.md section 4),
 //! and one clear error line naming the field for bad plans.
 
-use assert_cmd::Command;
+mod common;
 
-fn primus() -> Command {
-    Command::cargo_bin("primus").expect("primus binary")
-}
-
-fn example(name: &str) -> String {
-    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn plan_file(text: &str) -> tempfile::NamedTempFile {
-    use std::io::Write;
-    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-    f
-}
+use common::{example, plan_file, primus};
 
 #[test]
 fn table_marks_the_bottleneck() {

@@ -4,7 +4,8 @@
 //! (`primus tune --emit pytorchjob`) that runs the same experiment with the layout as
 //! overrides.
 
-use assert_cmd::Command;
+mod common;
+
 use primus_oracle::layout::{Layout, Recompute};
 use primus_oracle::plan::load_plan;
 use primus_oracle::profiles::Catalog;
@@ -15,9 +16,9 @@ fn data(rel: &str) -> std::path::PathBuf {
         .join(rel)
 }
 
+/// `primus ARGS` with the environment's TP override removed.
 fn primus(args: &[&str]) -> std::process::Output {
-    Command::cargo_bin("primus")
-        .expect("binary")
+    common::primus()
         .args(args)
         .env_remove("PRIMUS_TP")
         .output()

@@ -1,7 +1,9 @@
 //! `primus project`: JSON and table output, and bad input (moved from the oracle's
 //! tests/projection.rs with the CLI).
 
-use assert_cmd::Command;
+mod common;
+
+use common::primus;
 
 fn write_plan(dir: &std::path::Path, parallelism: &str) -> std::path::PathBuf {
     let path = dir.join("plan.yaml");
@@ -19,8 +21,7 @@ fn write_plan(dir: &std::path::Path, parallelism: &str) -> std::path::PathBuf {
 fn cli_project_json_and_table() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = write_plan(dir.path(), "{tp: 4, pp: 4, vpp: 5, schedule: interleaved}");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["project", "-f"])
         .arg(&plan)
         .args(["-o", "json"])
@@ -34,8 +35,7 @@ fn cli_project_json_and_table() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert!(v["tokensPerSecondPerGpu"].as_f64().unwrap() > 0.0);
     assert!(v["memory"]["stages"].as_array().unwrap().len() == 4);
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["project", "-f"])
         .arg(&plan)
         .output()
@@ -53,8 +53,7 @@ fn cli_project_json_and_table() {
 fn cli_project_bad_input_exits_2_naming_the_field() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = write_plan(dir.path(), "{tp: 16}");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["project", "-f"])
         .arg(&plan)
         .output()

@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::process::Command as Process;
 
-use assert_cmd::Command;
+mod common;
+
+use common::primus;
 
 /// Minimal XML well-formedness check: balanced, properly nested tags, quoted attributes,
 /// only the predefined entities, one root element.
@@ -108,8 +110,7 @@ fn timeline_svg_is_well_formed_and_renders() {
     ] {
         let plan = write_plan(dir.path(), parallelism);
         let svg_path = dir.path().join(format!("{name}.svg"));
-        let out = Command::cargo_bin("primus")
-            .expect("binary")
+        let out = primus()
             .args(["timeline", "-f"])
             .arg(&plan)
             .arg("-o")
@@ -164,8 +165,7 @@ fn timeline_svg_is_well_formed_and_renders() {
 fn timeline_of_an_illegal_layout_exits_2() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plan = write_plan(dir.path(), "{tp: 4, pp: 3}");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["timeline", "-f"])
         .arg(&plan)
         .arg("-o")
@@ -219,8 +219,7 @@ fn the_70b_example_keeps_its_passes_readable_and_counts_them_all() {
     let dir = tempfile::tempdir().expect("tempdir");
     let svg_path = dir.path().join("70b.svg");
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/llama3.1-70b-h100.yaml");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["timeline", "-f"])
         .arg(&example)
         .arg("-o")

@@ -2,6 +2,9 @@
 //! (a few lines of std::net, no mocking crate): a good reply is parsed, checked and scored, a
 //! malformed reply and a timeout are counted and skipped, and the run always completes.
 
+mod common;
+
+use common::primus;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -277,8 +280,7 @@ fn the_cli_runs_the_agent_from_flags_and_the_plan() {
         "spec:\n  model: {preset: mixtral-8x7b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n  tuning:\n    searcher: agent\n    agent: {model: from-plan, apiKeyEnv: PRIMUS_TEST_LLM_KEY, rounds: 2}\n",
     )
     .unwrap();
-    let out = assert_cmd::Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .env("PRIMUS_TEST_LLM_KEY", "secret-from-env")
         .args(["tune", "-q", "-o", "json", "--agent-endpoint", &url, "-f"])
         .arg(&plan)
@@ -301,8 +303,7 @@ fn the_cli_runs_the_agent_from_flags_and_the_plan() {
             .any(|(k, v)| k == "authorization" && v == "Bearer secret-from-env")
     );
     // A key variable that is not set is a bad plan, naming the field.
-    let err = assert_cmd::Command::cargo_bin("primus")
-        .unwrap()
+    let err = primus()
         .env_remove("PRIMUS_TEST_LLM_KEY")
         .args(["tune", "--agent-endpoint", &url, "-f"])
         .arg(&plan)
@@ -461,10 +462,6 @@ fn a_budget_ends_the_rounds() {
     let a = r.agent.unwrap();
     assert!(a.rounds < 10 && a.rounds_skipped_by_budget > 0, "{a:?}");
     assert_eq!(a.rounds + a.rounds_skipped_by_budget, 10);
-}
-
-fn primus() -> assert_cmd::Command {
-    assert_cmd::Command::cargo_bin("primus").unwrap()
 }
 
 #[test]

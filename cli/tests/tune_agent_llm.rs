@@ -5,6 +5,9 @@
 //! validated and scored or rejected with a reason, and the search must still end on a legal
 //! layout no worse than the seed planner's.
 
+mod common;
+
+use common::primus;
 use std::time::Instant;
 
 use primus_oracle::plan::{SearcherKind, parse_plan};
@@ -56,8 +59,7 @@ fn a_real_model_s_replies_are_all_read_and_checked_and_the_search_ends_legal() {
     let trials = dir.path().join("trials.jsonl");
 
     let start = Instant::now();
-    let out = assert_cmd::Command::cargo_bin("primus")
-        .unwrap()
+    let out = primus()
         .args(["tune", "-q", "-o", "json", "--searcher", "agent"])
         .args([
             "--agent-endpoint",

@@ -1,23 +1,10 @@
 //! `primus tune`: the JSON contract (DESIGN.md section 4), `--emit pytorchjob|trainjob`, searcher `none`,
 //! pinned axes from the plan, and exit 2 with one line naming the field for bad plans.
 
-use assert_cmd::Command;
+mod common;
+
+use common::{example, plan_file, primus};
 use serde_json::Value;
-
-fn primus() -> Command {
-    Command::cargo_bin("primus").expect("primus binary")
-}
-
-fn example(name: &str) -> String {
-    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn plan_file(text: &str) -> tempfile::NamedTempFile {
-    use std::io::Write;
-    let mut f = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-    f
-}
 
 const SMALL: &str = "apiVersion: primus.dev/v1alpha1\nkind: TrainingPlan\nmetadata: {name: small}\nspec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 16}\n  training: {seqLength: 4096, globalBatchSize: 64}\n";
 

@@ -1,23 +1,9 @@
 //! `primus validate` on the published measurements (the accuracy regression gate) and on bad
 //! rows: the CLI half of the oracle's tests/validate.rs, moved with the CLI.
 
-use assert_cmd::Command;
+mod common;
 
-/// `primus ARGS`, which must succeed (else its standard error is the failure): its standard
-/// output.
-fn primus_ok(args: &[&str]) -> String {
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
-        .args(args)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "primus {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
+use common::{primus, primus_ok};
 
 #[test]
 fn cli_validate_fails_the_build_when_the_median_regresses() {
@@ -36,8 +22,7 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
         "{text}"
     );
     // A limit the projection cannot meet fails with a one-line reason.
-    let bad = Command::cargo_bin("primus")
-        .expect("binary")
+    let bad = primus()
         .args(["validate", path, "--no-refit", "--max-median-error", "0.5"])
         .output()
         .expect("runs");
@@ -45,8 +30,7 @@ fn cli_validate_fails_the_build_when_the_median_regresses() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("exceeds --max-median-error"), "{err}");
     // JSON output is one object with the rows and the statistics.
-    let json = Command::cargo_bin("primus")
-        .expect("binary")
+    let json = primus()
         .args(["validate", path, "--no-refit", "-o", "json"])
         .output()
         .expect("runs");
@@ -75,19 +59,13 @@ fn bad_rows_are_reported_with_their_reason_not_skipped() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("rows.csv");
     std::fs::write(&path, &csv).expect("write");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
-        .arg("validate")
-        .arg(&path)
-        .output()
-        .expect("runs");
+    let out = primus().arg("validate").arg(&path).output().expect("runs");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("line 3: unknown preset"), "{text}");
     assert!(text.contains("line 6: illegal layout"), "{text}");
     assert!(text.contains("line 5: bad row: column gpus"), "{text}");
-    let strict = Command::cargo_bin("primus")
-        .expect("binary")
+    let strict = primus()
         .arg("validate")
         .arg(&path)
         .arg("--strict")
@@ -101,12 +79,7 @@ fn a_missing_column_is_an_input_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.csv");
     std::fs::write(&path, "id,model\nA,llama3.1-8b\n").expect("write");
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
-        .arg("validate")
-        .arg(&path)
-        .output()
-        .expect("runs");
+    let out = primus().arg("validate").arg(&path).output().expect("runs");
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -136,8 +109,7 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
         assert!(text.contains(part), "no {part:?} in {text}");
     }
     // The targets (5% median, 12% max) are not met: the gate says so in one line.
-    let bad = Command::cargo_bin("primus")
-        .expect("binary")
+    let bad = primus()
         .args(["validate", "--memory", path, "--max-error", "12"])
         .output()
         .expect("runs");
@@ -149,8 +121,7 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
         env!("CARGO_MANIFEST_DIR"),
         "/../oracle/tests/data/published.csv"
     );
-    let json = Command::cargo_bin("primus")
-        .expect("binary")
+    let json = primus()
         .args(["validate", "--memory", published, "-o", "json"])
         .output()
         .expect("runs");
@@ -168,8 +139,7 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.csv");
     std::fs::write(&file, csv).unwrap();
-    let out = Command::cargo_bin("primus")
-        .expect("binary")
+    let out = primus()
         .args(["validate", "--memory", file.to_str().unwrap(), "--strict"])
         .output()
         .expect("runs");
