@@ -190,6 +190,10 @@ pub struct StepTime {
     pub model_flops_per_step: f64,
     /// Pipeline makespan (first forward to last backward), seconds.
     pub pipeline_seconds: f64,
+    /// Of `breakdown.epComm`: what the passes the EP overlap leaves unpaired add (or, on
+    /// balance, the steady state's pairs would not have exposed); not in the JSON.
+    #[serde(skip)]
+    pub unpaired_ep_seconds: f64,
 }
 
 /// A full projection (DESIGN.md section 4).

@@ -66,9 +66,10 @@ pub struct StageCosts<'a> {
     pub weight: &'a [f64],
     /// One activation (or gradient) message between consecutive virtual stages.
     pub p2p: f64,
-    /// Under Megatron's EP overlap (`--overlap-moe-expert-parallel-comm`, interleaved only):
-    /// the steady state pairs each forward with a backward, the warm-up (one micro-batch
-    /// longer: `get_pp_rank_microbatches`) and cool-down passes run alone, at these durations.
+    /// Under Megatron's EP overlap (`--overlap-moe-expert-parallel-comm`: interleaved, or no
+    /// pipeline): the steady state pairs each forward with a backward, the warm-up (one
+    /// micro-batch longer: `get_pp_rank_microbatches`) and cool-down passes run alone, at
+    /// these durations. Not for zero-bubble schedules.
     pub alone: Option<AlonePasses<'a>>,
 }
 
@@ -394,7 +395,7 @@ impl Simulator {
         } else {
             self.ensure_plan(PlanKey {
                 interleaved: vpp > 1,
-                paired: vpp > 1 && c.alone.is_some(),
+                paired: c.alone.is_some(),
                 pp,
                 vpp,
                 m,

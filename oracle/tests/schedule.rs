@@ -431,3 +431,31 @@ fn the_overlap_schedule_runs_its_warm_up_and_cool_down_alone() {
     assert_eq!(first_backward, (pp - 1) * 2 + (vpp - 1) * pp + 1);
     assert_eq!(sim.unpaired_passes().count(), 0);
 }
+
+/// Without a pipeline the EP overlap's schedule (`combined_1f1b_schedule_for_no_pipelining`)
+/// runs the first forward alone, then each forward with the previous micro-batch's backward,
+/// and the last backward alone: two unpaired passes whatever the micro-batch count.
+#[test]
+fn without_a_pipeline_the_overlap_leaves_the_first_forward_and_last_backward_alone() {
+    use primus_oracle::schedule::AlonePasses;
+    let (f, b, w) = ([1.0], [2.0], [0.5]);
+    let (fa, ba) = ([1.25], [3.0]);
+    for m in [1usize, 2, 5] {
+        let mut c = costs(1, 1, &f, &b, &w, 0.0);
+        c.alone = Some(AlonePasses {
+            forward: &fa,
+            backward: &ba,
+        });
+        let mut sim = Simulator::new();
+        let s = sim.run(Schedule::OneFOneB, &c, m).expect("runs");
+        // One rank, no idle time: the makespan is the sum of the passes.
+        let expect = m as f64 * 3.5 + 0.25 + 1.0;
+        assert!(
+            (s.makespan - expect).abs() < 1e-12,
+            "m = {m}: {}",
+            s.makespan
+        );
+        let unpaired: Vec<_> = sim.unpaired_passes().collect();
+        assert_eq!(unpaired, vec![(0, false, 0), (0, true, 0)], "m = {m}");
+    }
+}

@@ -119,8 +119,9 @@ fn pipeline(st: &Setup, w: &mut Workspace) -> Result<PipelineRun, ScheduleError>
         Schedule::OneFOneB
     };
     w.p2p = p2p;
-    // The EP overlap pairs passes only in an interleaved schedule's steady state.
-    let paired = st.l.moe.ep_overlap && schedule == Schedule::Interleaved;
+    // The EP overlap pairs passes only in the steady state of an interleaved schedule or of
+    // one without a pipeline (the rules allow it with no other).
+    let paired = st.l.moe.ep_overlap && (schedule == Schedule::Interleaved || st.pp == 1);
     w.forward_alone.clear();
     w.backward_alone.clear();
     if paired {
@@ -176,12 +177,14 @@ fn breakdown(
     for c in 0..st.vpp {
         parts.add(&w.parts[c * st.pp + critical.rank], m as f64);
     }
+    let mut unpaired = Parts::default();
     for (r, backward, vs) in w.sim.unpaired_passes() {
         if r == critical.rank {
             let a = &w.alone[vs];
-            parts.add(if backward { &a.backward } else { &a.forward }, 1.0);
+            unpaired.add(if backward { &a.backward } else { &a.forward }, 1.0);
         }
     }
+    parts.add(&unpaired, 1.0);
     let breakdown = Breakdown {
         compute: parts.compute,
         tp_comm: parts.tp,
@@ -213,5 +216,6 @@ fn breakdown(
         critical_stage: critical.rank as u32,
         model_flops_per_step,
         pipeline_seconds: pipeline.summary.makespan,
+        unpaired_ep_seconds: unpaired.ep,
     }
 }

@@ -15,16 +15,17 @@ pub(super) struct RankOrder {
 }
 
 impl RankOrder {
-    /// `paired`: the interleaved schedule of Megatron's EP overlap, whose warm-up runs one
-    /// more forward (`get_pp_rank_microbatches`) so every steady-state forward pairs with a
-    /// backward of an earlier micro-batch.
+    /// `paired`: the schedule of Megatron's EP overlap, whose warm-up runs one more forward
+    /// (interleaved: `get_pp_rank_microbatches`; without a pipeline: the first forward runs
+    /// alone, `combined_1f1b_schedule_for_no_pipelining`) so every steady-state forward pairs
+    /// with a backward of an earlier micro-batch.
     #[inline]
     pub(super) fn new(pp: usize, vpp: usize, m: usize, rank: usize, paired: bool) -> RankOrder {
         let total = m * vpp;
         let group = pp.min(m).max(1);
         let warmup = if vpp == 1 {
             // 1F1B: p - r - 1 warm-up forwards.
-            (pp - rank - 1).min(m)
+            (pp - rank - 1 + usize::from(paired)).min(m)
         } else {
             // Interleaved: (p - r - 1) * 2 + (v - 1) * group, all of them when that exceeds
             // the total (megatron/core/pipeline_parallel/schedules.py).

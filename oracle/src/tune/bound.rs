@@ -126,7 +126,9 @@ impl ThroughputBound {
 }
 
 /// One micro-batch of the layout without a pipeline: (compute + TP + CP + EP seconds, per-step
-/// overhead seconds).
+/// overhead seconds). Its one micro-batch runs unpaired under the EP overlap; the work per
+/// micro-batch is the steady state's, so the unpaired exposure is taken out (a pipelined
+/// layout's unpaired passes only add to its steady-state work).
 fn unpipelined_work(s: &Scenario, ctx: &Context<'_>, l: &Layout) -> Option<(f64, f64)> {
     let mut flat = l.clone();
     flat.pp = 1;
@@ -143,5 +145,6 @@ fn unpipelined_work(s: &Scenario, ctx: &Context<'_>, l: &Layout) -> Option<(f64,
         return None;
     }
     let b = &t.breakdown;
-    Some((b.compute + b.tp_comm + b.cp_comm + b.ep_comm, b.other))
+    let ep = b.ep_comm - t.unpaired_ep_seconds;
+    Some((b.compute + b.tp_comm + b.cp_comm + ep, b.other))
 }

@@ -143,11 +143,9 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
 
 /// Exposed dispatch + combine of both passes under `--overlap-moe-expert-parallel-comm`: the
 /// paired passes hide `comm` (per pass) behind the `epOverlap` fraction of their computation.
-/// Charged to the backward, which the pairing merges the forward into. The passes a pipeline
-/// schedule runs unpaired pay [`EpAlone`] on top; without a pipeline, the first forward and
-/// the last backward of a step, 1/m of one layer's communication, are left out (so the
-/// exhaustive search's throughput bound, projected on one micro-batch, stays an upper
-/// bound).
+/// Charged to the backward, which the pairing merges the forward into. The passes the schedule
+/// runs unpaired (the warm-up and cool-down; without a pipeline, the first forward and the
+/// last backward) pay [`EpAlone`] on top.
 fn overlapped(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> FwdBwd {
     let eff = ctx.hardware.efficiency.ep_overlap;
     let wgrad = if cc.l.moe.delay_wgrad { t.wgrad } else { 0.0 };
