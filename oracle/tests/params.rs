@@ -167,6 +167,28 @@ fn deepseek_v3() {
 }
 
 #[test]
+fn kimi_k2() {
+    // DeepSeek-V3's layer shapes with 64 heads, 384 experts and one dense layer.
+    // Attention: q_a 7168*1536 = 11,010,048 + q_a norm 1,536 + q_b 1536*64*192 = 18,874,368
+    // + kv_a 7168*576 = 4,128,768 + kv_a norm 512 + kv_b 512*64*256 = 8,388,608 + o
+    // 64*128*7168 = 58,720,256 = 101,124,096. Norms 14,336.
+    // Dense layer (1): + 3*7168*18432 = 396,361,728 -> 497,500,160.
+    // MoE layer (60): 384 experts + 1 shared of 3*7168*2048 = 44,040,192 each; router
+    // 384*7168 = 2,752,512 + correction bias 384 -> 101,124,096 + 14,336 + 385*44,040,192 +
+    // 2,752,896 = 17,059,365,248.
+    // Total 497,500,160 + 60*17,059,365,248 + 2*163840*7168 + 7,168 = 1,026,408,232,448.
+    // Active MoE layer: 101,124,096 + 14,336 + 9*44,040,192 + 2,752,896 = 500,253,056;
+    // total active 497,500,160 + 60*500,253,056 + 2,348,817,408 = 32,861,500,928.
+    let c = card("kimi-k2");
+    assert_eq!(c.layer_params(LayerKind::Dense).total(), 497_500_160);
+    assert_eq!(c.layer_params(LayerKind::Moe).total(), 17_059_365_248);
+    assert_eq!(c.total_params(), 1_026_408_232_448);
+    assert_eq!(c.active_params(), 32_861_500_928);
+    within(c.total_params(), 1.04e12, 0.02);
+    within(c.active_params(), 32.6e9, 0.02);
+}
+
+#[test]
 fn deepseek_v2_lite() {
     // h 2048, 16 heads, MLA without q_lora, kv_lora 512, d_nope 128, d_rope 64, d_v 128.
     // Attention: q 2048*16*192 = 6,291,456 + kv_a 2048*576 = 1,179,648 + kv_a norm 512 +
@@ -268,7 +290,7 @@ fn gpt_1t() {
 fn every_preset_has_a_test() {
     let names = Catalog::builtin().unwrap().model_names().len();
     assert_eq!(
-        names, 17,
+        names, 18,
         "a new preset needs its own parameter-count test here"
     );
 }
