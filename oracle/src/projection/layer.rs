@@ -79,8 +79,9 @@ pub(super) struct KindCost {
     /// What selective recomputation of the layout's modules adds.
     pub recompute_selective: Parts,
     /// What a pass adds when it runs unpaired under the EP overlap (the warm-up forwards and
-    /// cool-down backwards of an interleaved schedule): its own dispatch and combine exposed
-    /// in place of the paired exposure, and the host time that leaves.
+    /// cool-down backwards of an interleaved schedule; without a pipeline, the first forward
+    /// and the last backward): its own dispatch and combine exposed in place of the paired
+    /// exposure, and the host time that leaves.
     pub alone: AloneParts,
     /// Model FLOPs of the forward pass on this GPU.
     pub flops: f64,
@@ -202,18 +203,7 @@ pub(super) fn kind_cost(
         weight: t.wgrad,
         recompute_full,
         recompute_selective: selective_recompute(&x, timer, ctx, &forward, tp.mlp_forward, &dp),
-        alone: AloneParts {
-            forward: Parts {
-                ep: ep.alone.forward.ep,
-                host: ep.alone.forward.host,
-                ..Parts::default()
-            },
-            backward: Parts {
-                ep: ep.alone.backward.ep,
-                host: ep.alone.backward.host,
-                ..Parts::default()
-            },
-        },
+        alone: ep.alone,
         flops: t.model_flops_forward,
     }
 }

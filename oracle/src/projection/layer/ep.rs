@@ -39,7 +39,7 @@ use crate::layout::{CudaGraphImpl, CudaGraphModule, TokenDispatcher};
 use crate::model::MoeConfig;
 use crate::units::MICROSECOND;
 
-use super::{CommContext, FwdBwd, LayerInput};
+use super::{AloneParts, CommContext, FwdBwd, LayerInput, Parts};
 
 /// The dispatch/combine of an MoE layer (and its expert-TP collectives), and the host-bound
 /// time around the dispatcher's sync.
@@ -47,27 +47,16 @@ use super::{CommContext, FwdBwd, LayerInput};
 pub(super) struct EpCost {
     pub ep: FwdBwd,
     pub host: FwdBwd,
-    /// Under the EP overlap, what each pass adds when it runs unpaired (see [`EpAlone`]).
-    pub alone: EpAlone,
-}
-
-/// Under `--overlap-moe-expert-parallel-comm` only the steady state pairs a forward with a
-/// backward: Megatron's interleaved schedule runs its warm-up forwards and cool-down
-/// backwards alone (`schedules.py`, `forward_backward_helper_wrapper` with one of the two
-/// micro-batch ids unset), each exposing its own dispatch and combine. Per pass: that
-/// exposure and its host time minus what the paired pass is charged (the backward carries the
-/// pair's exposure, so an unpaired backward may cost less than a paired one).
-#[derive(Default)]
-pub(super) struct EpAlone {
-    pub forward: EpHost,
-    pub backward: EpHost,
-}
-
-/// Exposed EP communication and host time of one pass.
-#[derive(Default)]
-pub(super) struct EpHost {
-    pub ep: f64,
-    pub host: f64,
+    /// Under the EP overlap, what each pass adds when it runs unpaired: Megatron pairs a
+    /// forward with a backward only in the steady state; the interleaved schedule runs its
+    /// warm-up forwards and cool-down backwards alone (`schedules.py`,
+    /// `forward_backward_helper_wrapper` with one of the two micro-batch ids unset), and
+    /// without a pipeline the first forward and the last backward
+    /// (`combined_1f1b_schedule_for_no_pipelining`), each exposing its own dispatch and
+    /// combine. Per pass: that exposure and its host time minus what the paired pass is
+    /// charged (the backward carries the pair's exposure, so an unpaired backward may cost
+    /// less than a paired one). EP and host parts only.
+    pub alone: AloneParts,
 }
 
 /// EP: dispatch and combine, the overlaps, and the host time of a MoE layer.
@@ -125,18 +114,20 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
             backward: comm,
         };
         let own_host = host_time(cc, t, &own, ctx);
-        EpAlone {
-            forward: EpHost {
+        AloneParts {
+            forward: Parts {
                 ep: comm - ep.forward,
                 host: own_host.forward - host.forward,
+                ..Parts::default()
             },
-            backward: EpHost {
+            backward: Parts {
                 ep: comm - ep.backward,
                 host: own_host.backward - host.backward,
+                ..Parts::default()
             },
         }
     } else {
-        EpAlone::default()
+        AloneParts::default()
     };
     EpCost { ep, host, alone }
 }
@@ -145,7 +136,7 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
 /// paired passes hide `comm` (per pass) behind the `epOverlap` fraction of their computation.
 /// Charged to the backward, which the pairing merges the forward into. The passes the schedule
 /// runs unpaired (the warm-up and cool-down; without a pipeline, the first forward and the
-/// last backward) pay [`EpAlone`] on top.
+/// last backward) pay [`EpCost::alone`] on top.
 fn overlapped(cc: &CommContext, t: &OpTimes, comm: f64, ctx: &TimerContext) -> FwdBwd {
     let eff = ctx.hardware.efficiency.ep_overlap;
     let wgrad = if cc.l.moe.delay_wgrad { t.wgrad } else { 0.0 };
