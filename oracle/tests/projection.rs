@@ -34,8 +34,8 @@ fn scenario(
     }
 }
 
-/// Mixtral 8x7B on 64 B200 with Megatron's EP overlap: PP2 VPP2 EP8, alltoall, grouped
-/// experts, forced balance, delayed weight gradients.
+/// A MoE layout with Megatron's EP overlap: PP2 VPP2 EP8, alltoall, grouped experts, forced
+/// balance, delayed weight gradients (Mixtral 8x7B on 64 B200 in `cases`).
 fn overlapped_moe() -> Layout {
     use primus_oracle::layout::{Dispatch, GroupedGemm};
     let mut l = Layout {
@@ -413,21 +413,9 @@ fn projection_json_has_the_design_field_names() {
 /// on B200 with the overlap, row N11: +17.9%, after the fix within the generation's spread).
 #[test]
 fn hidden_ep_communication_does_not_hide_host_time() {
-    use primus_oracle::layout::{Dispatch, GroupedGemm};
     let s = scenario("qwen3-30b-a3b", "b200", 16, 4096, 256, Precision::Fp8);
-    let mut l = Layout {
-        pp: 2,
-        vpp: 2,
-        ep: 8,
-        schedule: Schedule::Interleaved,
-        ..Layout::default()
-    };
-    l.moe.set_dispatch(Dispatch::Alltoall);
-    l.moe.grouped_gemm = GroupedGemm::Grouped;
+    let mut l = overlapped_moe();
     l.moe.permute_fusion = true;
-    l.moe.force_load_balancing = true;
-    l.moe.ep_overlap = true;
-    l.moe.delay_wgrad = true;
     l.check(&s).expect("legal layout");
     let real = step_time(&s, &l).expect("real links");
     assert!(

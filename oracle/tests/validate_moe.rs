@@ -24,6 +24,32 @@ const EXTRA: &str = include_str!("data/extra.csv");
 const MOE: &str = include_str!("data/moe.csv");
 const NONGATED: &str = include_str!("data/moe-nongated.csv");
 
+/// Records of a CSV: (line, cells).
+type Records = Vec<(usize, Vec<String>)>;
+
+/// moe-nongated.csv's records and a column index by header name.
+fn nongated_records() -> (Records, impl Fn(&str) -> usize) {
+    let records = parse_csv(NONGATED).expect("csv");
+    let header = records[0].1.clone();
+    let col = move |name: &str| header.iter().position(|h| h == name).expect(name);
+    (records, col)
+}
+
+/// The non-gated rows `ids`, each projected (checked) and its error printed
+/// (`cargo test -- --nocapture`); their results.
+fn projected_out_of_sample(ids: &[&String]) -> Vec<primus_oracle::validate::RowResult> {
+    let c = Catalog::builtin().expect("catalog");
+    let r = validate_text_with(NONGATED, &c, Options { refit: false }).expect("valid file");
+    ids.iter()
+        .map(|want| {
+            let row = r.rows.iter().find(|x| &&x.id == want).expect("reported");
+            assert_eq!(row.status, RowStatus::Ok, "{want} not projected");
+            eprintln!("{want}: {:+.1}%", 100.0 * row.error.expect("error"));
+            row.clone()
+        })
+        .collect()
+}
+
 fn all() -> Report {
     let c = Catalog::builtin().expect("catalog");
     validate_texts(&[PUBLISHED, EXTRA, MOE], &c, Options { refit: false }).expect("valid files")
@@ -71,9 +97,7 @@ fn both_vendors_are_in_the_moe_rows() {
 
 #[test]
 fn every_non_gated_row_names_its_reason_and_is_reported() {
-    let records = parse_csv(NONGATED).expect("csv");
-    let header = &records[0].1;
-    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    let (records, col) = nongated_records();
     let (id, excluded, source) = (col("id"), col("excluded"), col("source"));
     for (line, fields) in &records[1..] {
         assert!(
@@ -108,9 +132,7 @@ fn every_non_gated_row_names_its_reason_and_is_reported() {
 /// closing note (median 5.1%; the one EP-overlap configuration +33%).
 #[test]
 fn the_b300_rows_are_projected_out_of_sample() {
-    let records = parse_csv(NONGATED).expect("csv");
-    let header = &records[0].1;
-    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    let (records, col) = nongated_records();
     let (id, excluded) = (col("id"), col("excluded"));
     let b300: Vec<&String> = records[1..]
         .iter()
@@ -118,16 +140,10 @@ fn the_b300_rows_are_projected_out_of_sample() {
         .map(|(_, f)| &f[id])
         .collect();
     assert_eq!(b300.len(), 6, "{b300:?}");
-    let c = Catalog::builtin().expect("catalog");
-    let r = validate_text_with(NONGATED, &c, Options { refit: false }).expect("valid file");
     let mut errors = Vec::new();
-    for want in &b300 {
-        let row = r.rows.iter().find(|x| &&x.id == want).expect("reported");
-        assert_eq!(row.status, RowStatus::Ok, "{want} not projected");
+    for row in projected_out_of_sample(&b300) {
         assert_eq!(row.gpu, "b300");
-        let e = row.error.expect("error");
-        eprintln!("{want}: {:+.1}%", 100.0 * e);
-        errors.push(e.abs());
+        errors.push(row.error.expect("error").abs());
     }
     errors.sort_by(f64::total_cmp);
     eprintln!(
@@ -143,27 +159,21 @@ fn the_b300_rows_are_projected_out_of_sample() {
 /// `cargo test -- --nocapture`), every one with the recipe's pipeline layout.
 #[test]
 fn the_kimi_k2_rows_are_projected_out_of_sample() {
-    let records = parse_csv(NONGATED).expect("csv");
-    let header = &records[0].1;
-    let col = |name: &str| header.iter().position(|h| h == name).expect(name);
+    let (records, col) = nongated_records();
+    let columns = records[0].1.len();
     let (id, excluded, model) = (col("id"), col("excluded"), col("model"));
     let kimi: Vec<&String> = records[1..]
         .iter()
         .filter(|(_, f)| f[model] == "kimi-k2")
         .map(|(_, f)| {
             assert!(f[excluded].starts_with("Kimi-K2:"), "{}", f[id]);
-            assert_eq!(f.len(), header.len(), "{}: one cell per column", f[id]);
+            assert_eq!(f.len(), columns, "{}: one cell per column", f[id]);
             &f[id]
         })
         .collect();
     assert_eq!(kimi.len(), 4, "{kimi:?}");
-    let c = Catalog::builtin().expect("catalog");
-    let r = validate_text_with(NONGATED, &c, Options { refit: false }).expect("valid file");
-    for want in &kimi {
-        let row = r.rows.iter().find(|x| &&x.id == want).expect("reported");
-        assert_eq!(row.status, RowStatus::Ok, "{want} not projected");
-        assert!(row.notes.is_empty(), "{want}: {:?}", row.notes);
-        eprintln!("{want}: {:+.1}%", 100.0 * row.error.expect("error"));
+    for row in projected_out_of_sample(&kimi) {
+        assert!(row.notes.is_empty(), "{}: {:?}", row.id, row.notes);
     }
 }
 
