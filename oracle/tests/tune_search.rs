@@ -649,6 +649,7 @@ fn the_throughput_bound_holds_for_every_legal_layout() {
             reference: None,
             deadline: None,
             timed_out: Default::default(),
+            structures: Default::default(),
         };
         let bound = ThroughputBound::new();
         let mut checked = 0;

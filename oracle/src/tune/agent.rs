@@ -416,7 +416,12 @@ impl Searcher for AgentSearcher {
             SeedPlanner::default().sweep(ctx, &mut scorer, first);
         }
         scorer.source = Source::Agent;
-        let mut rejections: BTreeMap<String, u64> = scorer.stats.rules.clone();
+        let mut rejections: BTreeMap<String, u64> = scorer
+            .stats
+            .rules
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
         for (k, v) in &scorer.stats.memory {
             rejections.insert(format!("memory: {k}"), *v);
         }

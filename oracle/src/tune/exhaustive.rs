@@ -564,9 +564,9 @@ impl Exhaustive {
             .get(ctx.top_k.max(1) - 1)
             .map_or(0.0, |c| c.tokens_per_second());
         let bound = ThroughputBound::new();
-        let structures = ctx.space.structures(ctx.scenario);
+        let structures = ctx.structures();
         ctx.progress.set_total(structures.len() as u64);
-        let screened: Vec<Screened> = moe_runs(&structures)
+        let screened: Vec<Screened> = moe_runs(structures)
             .par_iter()
             .map(|r| {
                 let out = self.screen_run(ctx, r.start, &structures[r.clone()], known, &bound);
@@ -658,7 +658,7 @@ impl Searcher for Exhaustive {
         if self.prune {
             return self.search_pruned(ctx);
         }
-        let groups = groups(ctx.space.structures(ctx.scenario));
+        let groups = groups(ctx.structures().to_vec());
         ctx.progress.set_total(groups.len() as u64);
         let empty = || Task::new(ctx.top_k);
         let task = groups

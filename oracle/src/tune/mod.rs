@@ -227,6 +227,9 @@ pub struct Context<'a> {
     pub deadline: Option<Instant>,
     /// Set once a searcher stopped at the deadline.
     pub timed_out: AtomicBool,
+    /// The space's structures, enumerated once for every searcher that walks them (the seed
+    /// planner's warm start and the exhaustive search: 445,032 on DeepSeek-V3 at 1,024 GPUs).
+    pub structures: std::sync::OnceLock<Vec<space::Structure>>,
 }
 
 impl Context<'_> {
@@ -241,6 +244,12 @@ impl Context<'_> {
             self.timed_out.store(true, AtomicOrdering::Relaxed);
         }
         late
+    }
+
+    /// The space's structures ([`Space::structures`]), enumerated on first use.
+    pub fn structures(&self) -> &[space::Structure] {
+        self.structures
+            .get_or_init(|| self.space.structures(self.scenario))
     }
 
     /// The time projection of a layout (rules checked by the projection).
@@ -484,6 +493,7 @@ pub fn tune(
         reference: plan.layout.as_ref(),
         deadline: opts.deadline,
         timed_out: AtomicBool::new(false),
+        structures: Default::default(),
     };
     let outcome = searcher.search(&ctx);
     let mut top = Vec::new();

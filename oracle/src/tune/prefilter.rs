@@ -169,29 +169,18 @@ pub struct Stats {
     /// Candidates skipped unexamined because a safe bound rules them out (more memory than
     /// one that already failed, or slower than one that fits).
     pub pruned: u64,
-    /// Rule id -> candidates it rejected.
-    pub rules: BTreeMap<String, u64>,
+    /// Rule id -> candidates it rejected (static keys: a search counts into hundreds of
+    /// thousands of these maps, one per run of structures, and merges them).
+    pub rules: BTreeMap<&'static str, u64>,
     /// Memory reason (what dominates which stage) -> candidates.
-    pub memory: BTreeMap<String, u64>,
+    pub memory: BTreeMap<&'static str, u64>,
 }
 
 impl Stats {
     /// Count one rejection (`count` identical candidates).
     pub fn reject(&mut self, s: &Scenario, l: &Layout, r: &Rejection, count: u64) {
-        // Look up before inserting: the keys are few, the rejections many.
-        fn bump(map: &mut BTreeMap<String, u64>, key: &str, count: u64) {
-            match map.get_mut(key) {
-                Some(v) => *v += count,
-                None => {
-                    map.insert(key.to_string(), count);
-                }
-            }
-        }
         match r {
-            Rejection::Rule(e) => {
-                self.rejected_by_rules += count;
-                bump(&mut self.rules, e.rule, count);
-            }
+            Rejection::Rule(e) => self.reject_rule(RuleId(e.rule), count),
             Rejection::Memory { stage, .. } => {
                 self.reject_memory(memory_reason(s, l, *stage), count);
             }
@@ -202,23 +191,13 @@ impl Stats {
     /// `memory_reason` gave for one of them).
     pub fn reject_memory(&mut self, reason: &'static str, count: u64) {
         self.rejected_by_memory += count;
-        match self.memory.get_mut(reason) {
-            Some(v) => *v += count,
-            None => {
-                self.memory.insert(reason.to_string(), count);
-            }
-        }
+        *self.memory.entry(reason).or_default() += count;
     }
 
     /// Count `count` layouts that break rule `rule` (no layout needed, nothing copied).
     pub fn reject_rule(&mut self, rule: RuleId, count: u64) {
         self.rejected_by_rules += count;
-        match self.rules.get_mut(rule.0) {
-            Some(v) => *v += count,
-            None => {
-                self.rules.insert(rule.0.to_string(), count);
-            }
-        }
+        *self.rules.entry(rule.0).or_default() += count;
     }
 
     /// Add another search's counters.
@@ -228,10 +207,10 @@ impl Stats {
         self.rejected_by_memory += o.rejected_by_memory;
         self.pruned += o.pruned;
         for (k, v) in &o.rules {
-            *self.rules.entry(k.clone()).or_default() += v;
+            *self.rules.entry(k).or_default() += v;
         }
         for (k, v) in &o.memory {
-            *self.memory.entry(k.clone()).or_default() += v;
+            *self.memory.entry(k).or_default() += v;
         }
     }
 

@@ -295,7 +295,7 @@ impl SeedPlanner {
             return Some(c);
         }
         let sp: &Space = ctx.space;
-        let structures = sp.structures(ctx.scenario);
+        let structures = ctx.structures();
         // Simplest first (ties in the space's order). The walk usually stops after a few
         // structures, so they come off a heap (O(n) to build) instead of a sorted copy of
         // millions (a DeepSeek-V3 space on 1,024 GPUs: 6 % of its tune was this sort).
