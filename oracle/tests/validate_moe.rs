@@ -160,20 +160,45 @@ fn the_b300_rows_are_projected_out_of_sample() {
 #[test]
 fn the_kimi_k2_rows_are_projected_out_of_sample() {
     let (records, col) = nongated_records();
-    let columns = records[0].1.len();
     let (id, excluded, model) = (col("id"), col("excluded"), col("model"));
     let kimi: Vec<&String> = records[1..]
         .iter()
         .filter(|(_, f)| f[model] == "kimi-k2")
         .map(|(_, f)| {
             assert!(f[excluded].starts_with("Kimi-K2:"), "{}", f[id]);
-            assert_eq!(f.len(), columns, "{}: one cell per column", f[id]);
             &f[id]
         })
         .collect();
     assert_eq!(kimi.len(), 4, "{kimi:?}");
     for row in projected_out_of_sample(&kimi) {
         assert!(row.notes.is_empty(), "{}: {:?}", row.id, row.notes);
+    }
+}
+
+/// Every record of the throughput files has exactly one cell per header column: a note with an
+/// unquoted comma splits into extra fields that the reader only reports as a row note (stop
+/// 23's Kimi-K2 reasons and stop 25's MB260201-qwen3-235b-a22b-h100-fp8cs correction did).
+#[test]
+fn every_row_of_the_data_files_has_one_cell_per_column() {
+    let files = [
+        ("published.csv", PUBLISHED),
+        ("extra.csv", EXTRA),
+        ("moe.csv", MOE),
+        ("moe-nongated.csv", NONGATED),
+        ("memory.csv", include_str!("data/memory.csv")),
+    ];
+    for (name, text) in files {
+        let records = parse_csv(text).expect("csv");
+        let columns = records[0].1.len();
+        for (line, f) in &records[1..] {
+            assert_eq!(
+                f.len(),
+                columns,
+                "{name} line {line} ({}): {} cells, the header has {columns}",
+                f[0],
+                f.len()
+            );
+        }
     }
 }
 
