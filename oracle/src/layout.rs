@@ -20,7 +20,7 @@ pub use moe::{
     Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MAX_FLEX_NUM_SMS, MoeOptions,
     RouterDtype, TokenDispatcher,
 };
-pub use pipeline::{PipelineLayout, StageSpec, VirtualStage};
+pub use pipeline::{PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout};
 pub use recompute::{ModuleSet, RecomputeModule};
 pub use rules::{Broken, LayoutError, MAX_CAPACITY_FACTOR, RuleId};
 

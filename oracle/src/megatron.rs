@@ -45,6 +45,9 @@ pub mod flag {
     pub const FIRST_STAGE_LAYERS: &str = "--decoder-first-pipeline-num-layers";
     pub const LAST_STAGE_LAYERS: &str = "--decoder-last-pipeline-num-layers";
     pub const PIPELINE_LAYOUT: &str = "--pipeline-model-parallel-layout";
+    pub const VPP_STAGES: &str = "--num-virtual-stages-per-pipeline-rank";
+    pub const ACCOUNT_EMBEDDING: &str = "--account-for-embedding-in-pipeline-split";
+    pub const ACCOUNT_LOSS: &str = "--account-for-loss-in-pipeline-split";
     pub const TP_COMM_OVERLAP: &str = "--tp-comm-overlap";
     pub const OVERLAP_GRAD_REDUCE: &str = "--overlap-grad-reduce";
     pub const OVERLAP_PARAM_GATHER: &str = "--overlap-param-gather";
@@ -187,6 +190,8 @@ const SWITCHES: &[&str] = &[
     flag::SP,
     flag::FSDP,
     flag::ZERO_BUBBLE,
+    flag::ACCOUNT_EMBEDDING,
+    flag::ACCOUNT_LOSS,
     flag::TP_COMM_OVERLAP,
     flag::OVERLAP_GRAD_REDUCE,
     flag::OVERLAP_PARAM_GATHER,
@@ -458,6 +463,7 @@ pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
     (flag::ETP, limits::AXIS),
     (flag::VPP_SIZE, limits::AXIS),
     (flag::VPP_LAYERS, limits::LAYERS),
+    (flag::VPP_STAGES, limits::AXIS),
     (flag::RECOMPUTE_NUM_LAYERS, limits::LAYERS),
     (flag::FIRST_STAGE_LAYERS, limits::LAYERS),
     (flag::LAST_STAGE_LAYERS, limits::LAYERS),
@@ -616,6 +622,124 @@ impl MegatronArgs {
         }
     }
 
+    /// The virtual pipeline size and the split of the layers over the stages, as Megatron's
+    /// `arguments.py` and `TransformerConfig` derive them: at most one of
+    /// `--num-layers-per-virtual-pipeline-stage`, `--num-virtual-stages-per-pipeline-rank` and
+    /// `--pipeline-model-parallel-layout`; layers per virtual stage count the embedding and the
+    /// loss as one layer each under `--account-for-embedding-in-pipeline-split` /
+    /// `--account-for-loss-in-pipeline-split` (the counted layers must divide over the pipeline
+    /// stages, and the layers per stage over the virtual stages); those two flags combine with
+    /// neither an uneven first/last stage nor a layout, and become the layout of their even
+    /// split (MTP layers ride on the last stage).
+    fn pipeline_split(&self, model: &ModelCard, l: &mut Layout) -> Result<(), FieldError> {
+        let layers = model.layers;
+        let embedding = self.has(flag::ACCOUNT_EMBEDDING);
+        let loss = self.has(flag::ACCOUNT_LOSS);
+        let accounted = || -> String {
+            let mut what = String::new();
+            if embedding {
+                what.push_str(" plus the embedding");
+            }
+            if loss {
+                what.push_str(if embedding {
+                    " and the loss"
+                } else {
+                    " plus the loss"
+                });
+            }
+            format!("the model's {layers} layers{what}")
+        };
+        let ways = [flag::VPP_LAYERS, flag::VPP_STAGES, flag::PIPELINE_LAYOUT];
+        let given: Vec<&str> = ways.into_iter().filter(|f| self.has(f)).collect();
+        if given.len() > 1 {
+            return Err(FieldError::new(
+                given[1],
+                format!(
+                    "Megatron takes at most one of {}; got {}",
+                    ways.join(", "),
+                    given.join(" and ")
+                ),
+            ));
+        }
+        let uneven = l.first_stage_layers.is_some() || l.last_stage_layers.is_some();
+        if (embedding || loss) && (uneven || l.pipeline_layout.is_some()) {
+            let f = if embedding {
+                flag::ACCOUNT_EMBEDDING
+            } else {
+                flag::ACCOUNT_LOSS
+            };
+            return Err(FieldError::new(
+                f,
+                "Megatron does not combine it with --decoder-first/last-pipeline-num-layers or \
+                 --pipeline-model-parallel-layout",
+            ));
+        }
+        let pp = l.pp.max(1);
+        if let Some(v) = self.num::<u32>(flag::VPP_SIZE)? {
+            l.vpp = v;
+        } else if let Some(v) = self.num::<u32>(flag::VPP_STAGES)? {
+            if v == 0 {
+                return Err(FieldError::new(flag::VPP_STAGES, "must be greater than 0"));
+            }
+            l.vpp = v;
+        } else if let Some(per_chunk) = self.num::<u32>(flag::VPP_LAYERS)? {
+            if per_chunk == 0 {
+                return Err(FieldError::new(flag::VPP_LAYERS, "must be greater than 0"));
+            }
+            if uneven {
+                return Err(FieldError::new(
+                    flag::VPP_LAYERS,
+                    "with an uneven first or last stage Megatron takes the virtual stages per \
+                     rank (--num-virtual-stages-per-pipeline-rank)",
+                ));
+            }
+            let counted = layers + u32::from(embedding) + u32::from(loss);
+            if !counted.is_multiple_of(pp) {
+                return Err(FieldError::new(
+                    flag::PP,
+                    format!("{} do not divide over {pp} pipeline stages", accounted()),
+                ));
+            }
+            let per_stage = counted / pp;
+            if !per_stage.is_multiple_of(per_chunk) {
+                return Err(FieldError::new(
+                    flag::VPP_LAYERS,
+                    format!(
+                        "{per_chunk} does not divide the {per_stage} layers per pipeline stage"
+                    ),
+                ));
+            }
+            l.vpp = per_stage / per_chunk;
+        }
+        let stages = pp * l.vpp.max(1);
+        if (embedding || loss) && stages > 1 {
+            let slots = crate::layout::SplitSlots {
+                embedding,
+                loss,
+                mtp: false,
+            };
+            let f = if embedding {
+                flag::ACCOUNT_EMBEDDING
+            } else {
+                flag::ACCOUNT_LOSS
+            };
+            let text = crate::layout::even_split_layout(layers, model.mtp_layers, stages, slots)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        f,
+                        format!(
+                            "{} do not split evenly over {stages} virtual stages",
+                            accounted()
+                        ),
+                    )
+                })?;
+            let parsed = crate::layout::PipelineLayout::parse(&text)
+                .map_err(|e| FieldError::new(f, format!("its split {e}")))?;
+            l.pipeline_layout = Some(parsed);
+        }
+        Ok(())
+    }
+
     /// The layout these flags describe for `model` (defaults as Megatron's: sizes 1, no
     /// recompute, no distributed optimizer; `--expert-tensor-parallel-size` defaults to TP for
     /// MoE models and means nothing for dense ones). The model's layer count turns
@@ -646,23 +770,7 @@ impl MegatronArgs {
                 .map_err(|e| FieldError::new(flag::PIPELINE_LAYOUT, e))?;
             l.pipeline_layout = Some(parsed);
         }
-        if let Some(v) = self.num::<u32>(flag::VPP_SIZE)? {
-            l.vpp = v;
-        } else if let Some(per_chunk) = self.num::<u32>(flag::VPP_LAYERS)? {
-            if per_chunk == 0 {
-                return Err(FieldError::new(flag::VPP_LAYERS, "must be greater than 0"));
-            }
-            let per_stage = layers / l.pp.max(1);
-            if !per_stage.is_multiple_of(per_chunk) {
-                return Err(FieldError::new(
-                    flag::VPP_LAYERS,
-                    format!(
-                        "{per_chunk} does not divide the {per_stage} layers per pipeline stage"
-                    ),
-                ));
-            }
-            l.vpp = per_stage / per_chunk;
-        }
+        self.pipeline_split(model, &mut l)?;
         l.schedule = if self.has(flag::ZERO_BUBBLE) {
             Schedule::ZeroBubble
         } else if l.vpp > 1 {

@@ -26,6 +26,7 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         flag::FIRST_STAGE_LAYERS,
         flag::LAST_STAGE_LAYERS,
         flag::PIPELINE_LAYOUT,
+        flag::VPP_STAGES,
         flag::FP8_FORMAT,
         flag::NUM_LAYERS,
         flag::HIDDEN,
@@ -65,6 +66,8 @@ fn owned_flags() -> Vec<(&'static str, bool)> {
         flag::SP,
         flag::FSDP,
         flag::ZERO_BUBBLE,
+        flag::ACCOUNT_EMBEDDING,
+        flag::ACCOUNT_LOSS,
         flag::TP_COMM_OVERLAP,
         flag::OVERLAP_GRAD_REDUCE,
         flag::OVERLAP_PARAM_GATHER,
@@ -239,6 +242,25 @@ mod tests {
         assert_eq!(
             c.args.unwrap(),
             words("--lr 3e-4 --x --tensor-model-parallel-size 8 --new-flag v")
+        );
+    }
+
+    /// A template that splits its layers with Megatron's accounting flags (the
+    /// Megatron-MoE-ModelZoo configs do) loses them, and its virtual-stage count, when the
+    /// writer writes the plan's layout: Megatron refuses a layout beside either flag.
+    #[test]
+    fn the_template_pipeline_split_gives_way_to_the_plan_layout() {
+        let mut c = Container {
+            args: Some(words(
+                "--account-for-embedding-in-pipeline-split --num-virtual-stages-per-pipeline-rank 3 \
+                 --account-for-loss-in-pipeline-split --lr 3e-4",
+            )),
+            ..Container::default()
+        };
+        write_args(&mut c, &words("--pipeline-model-parallel-layout Et|tL"));
+        assert_eq!(
+            c.args.unwrap(),
+            words("--lr 3e-4 --pipeline-model-parallel-layout Et|tL")
         );
     }
 

@@ -260,6 +260,62 @@ impl PipelineLayout {
 /// Longest layout text read (the bound of `spec.parallelism.pipelineLayout`).
 const MAX_TEXT: usize = crate::bounds::limits::LAYOUT_TEXT as usize;
 
+/// Which layout symbols take a slot of an even split: Megatron's
+/// `--account-for-embedding-in-pipeline-split` and `--account-for-loss-in-pipeline-split`
+/// make the embedding and the loss count as one layer each; MTP layers count as layers in the
+/// tuner's and the validation's balanced split ([`even_split_layout`]), not in Megatron's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitSlots {
+    pub embedding: bool,
+    pub loss: bool,
+    pub mtp: bool,
+}
+
+/// The layout string of an even split of `layers` decoder layers and `mtp` MTP layers (last)
+/// over `stages` virtual stages in model order, where the embedding, the loss and the MTP
+/// layers take a slot each as `slots` says; a symbol that takes no slot rides on the first
+/// (embedding) or the last stage (MTP, loss), as in Megatron's `get_num_layers_to_build`.
+/// `None` with fewer than two stages or when the slots do not split evenly.
+pub fn even_split_layout(layers: u32, mtp: u32, stages: u32, slots: SplitSlots) -> Option<String> {
+    let mut symbols = Vec::with_capacity(layers as usize + mtp as usize + 2);
+    if slots.embedding {
+        symbols.push('E');
+    }
+    symbols.extend(std::iter::repeat_n('t', layers as usize));
+    if slots.mtp {
+        symbols.extend(std::iter::repeat_n('m', mtp as usize));
+    }
+    if slots.loss {
+        symbols.push('L');
+    }
+    let count = symbols.len() as u32;
+    if stages < 2 || count < stages || !count.is_multiple_of(stages) {
+        return None;
+    }
+    let per = (count / stages) as usize;
+    let mut text = String::with_capacity(symbols.len() + stages as usize + mtp as usize + 2);
+    if !slots.embedding {
+        text.push('E');
+    }
+    let last = stages as usize - 1;
+    for (i, chunk) in symbols.chunks(per).enumerate() {
+        if i > 0 {
+            text.push('|');
+        }
+        if i < last {
+            text.extend(chunk.iter());
+            continue;
+        }
+        // The last stage: its layers, the MTP layers, then the loss.
+        text.extend(chunk.iter().filter(|c| **c != 'L'));
+        if !slots.mtp {
+            text.extend(std::iter::repeat_n('m', mtp as usize));
+        }
+        text.push('L');
+    }
+    Some(text)
+}
+
 impl fmt::Display for PipelineLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0.text)

@@ -78,6 +78,10 @@ pub const PINNED: &[(&str, Pin)] = &[
     (flag::FIRST_STAGE_LAYERS, Pin::Null),
     (flag::LAST_STAGE_LAYERS, Pin::Null),
     (flag::PIPELINE_LAYOUT, Pin::Null),
+    (flag::VPP_STAGES, Pin::Null),
+    // Megatron refuses them beside a layout: the plan's split is written whole.
+    (flag::ACCOUNT_EMBEDDING, Pin::Off),
+    (flag::ACCOUNT_LOSS, Pin::Off),
     (flag::EP, Pin::Value("1")),
     (flag::ETP, Pin::Null),
     (flag::RECOMPUTE_GRANULARITY, Pin::Null),

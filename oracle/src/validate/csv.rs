@@ -195,25 +195,12 @@ pub fn seconds_per_iteration(note: &str) -> Option<f64> {
 /// as one layer each, and the `layers + 2 + mtp` slots split evenly over the `pp * vpp`
 /// virtual stages. `None` when they do not split evenly either.
 pub fn embedding_and_loss_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Option<String> {
-    let stages = pp.max(1) * vpp.max(1);
-    let slots = layers + mtp + 2;
-    if stages < 2 || !slots.is_multiple_of(stages) {
-        return None;
-    }
-    let per = slots / stages;
-    let mut symbols = Vec::with_capacity(slots as usize);
-    symbols.push('E');
-    symbols.extend(std::iter::repeat_n('t', layers as usize));
-    symbols.extend(std::iter::repeat_n('m', mtp as usize));
-    symbols.push('L');
-    let mut text = String::with_capacity(symbols.len() + stages as usize);
-    for (i, chunk) in symbols.chunks(per as usize).enumerate() {
-        if i > 0 {
-            text.push('|');
-        }
-        text.extend(chunk.iter());
-    }
-    Some(text)
+    let slots = crate::layout::SplitSlots {
+        embedding: true,
+        loss: true,
+        mtp: true,
+    };
+    crate::layout::even_split_layout(layers, mtp, pp.max(1) * vpp.max(1), slots)
 }
 
 pub(super) struct Row<'a> {
