@@ -42,6 +42,15 @@ pub const MEMORY_BWD_BYTES: f64 = 2.0;
 pub const LOSS_FWD_BYTES: f64 = 10.0;
 /// Backward: read the FP32 softmax (4), write the BF16 logit gradient (2).
 pub const LOSS_BWD_BYTES: f64 = 6.0;
+/// The unfused vocab-parallel cross-entropy (Megatron without `--cross-entropy-loss-fusion`,
+/// `tensor_parallel/cross_entropy.py`), per logit element over forward and backward: the FP32
+/// cast (read 2, write 4), max (4), subtract, exp and divide in place (8 each), sum (4): 38;
+/// backward, the gradient scaled in place (8) and cast back to BF16 (6): 14. Timed as one
+/// memory op, whose backward moves [`MEMORY_BWD_BYTES`] per forward byte: 52 / 3 forward.
+pub const LOSS_UNFUSED_BYTES: f64 = 52.0 / 3.0;
+/// Kernels of the unfused cross-entropy's forward (cast, max, subtract, gather, exp, sum,
+/// log, divide); the fused one launches 4.
+pub const LOSS_UNFUSED_KERNELS: f64 = 8.0;
 
 /// How an op is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,9 @@ mod pipeline;
 mod recompute;
 mod rules;
 
-pub use exec::{CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind};
+pub use exec::{
+    CrossEntropyFusion, CudaGraph, CudaGraphImpl, CudaGraphModule, Fp8Recipe, FsdpKind,
+};
 pub use memory_options::{Fraction, MEGATRON_DROPOUT, OptimizerDtype};
 pub use moe::{
     Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MAX_FLEX_NUM_SMS, MoeOptions,
@@ -187,6 +189,12 @@ pub struct Layout {
     /// CUDA graphs (`--cuda-graph-impl`, `--cuda-graph-modules`); absent = none.
     #[serde(default, skip_serializing_if = "CudaGraph::is_none")]
     pub cuda_graph: CudaGraph,
+    /// The cross-entropy kernel: `none` (Megatron without `--cross-entropy-loss-fusion`: the
+    /// unfused loss, more passes over the logits), `native` (the flag: the default here,
+    /// written by the job writer) or `te` (`--cross-entropy-fusion-impl te`).
+    #[serde(default, skip_serializing_if = "CrossEntropyFusion::is_native")]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = "native")))]
+    pub cross_entropy_fusion: CrossEntropyFusion,
 
     // ---- Optimizer and activation memory options (layout/memory_options.rs; Megatron flags
     // in megatron.rs; memory terms in memory/optimizer.rs, memory/activations.rs and
@@ -287,6 +295,7 @@ impl Default for Layout {
             moe: MoeOptions::default(),
             fp8_recipe: None,
             cuda_graph: CudaGraph::default(),
+            cross_entropy_fusion: CrossEntropyFusion::Native,
             attention_dropout: megatron_dropout(),
             hidden_dropout: megatron_dropout(),
             precision_aware_optimizer: false,

@@ -14,7 +14,8 @@ pub use moe::moe_flag;
 
 use crate::error::FieldError;
 use crate::layout::{
-    Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute, RecomputeModule, Schedule,
+    CrossEntropyFusion, Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute,
+    RecomputeModule, Schedule,
 };
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
 use crate::parse::quote;
@@ -94,6 +95,9 @@ pub mod flag {
     /// positive value turns `cpu_offloading` on).
     pub const CPU_OFFLOADING_NUM_LAYERS: &str = "--cpu-offloading-num-layers";
     pub const FP8_PARAM_GATHER: &str = "--fp8-param-gather";
+    /// The fused vocab-parallel cross-entropy, and which implementation (`native`, `te`).
+    pub const CE_FUSION: &str = "--cross-entropy-loss-fusion";
+    pub const CE_FUSION_IMPL: &str = "--cross-entropy-fusion-impl";
 }
 
 /// Every flag the layout writer can write (and a job writer therefore owns), with whether it
@@ -174,6 +178,7 @@ pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
 
 /// Flags that take no value.
 const SWITCHES: &[&str] = &[
+    flag::CE_FUSION,
     flag::PRECISION_AWARE_OPTIMIZER,
     flag::OPTIMIZER_CPU_OFFLOAD,
     flag::FP8_PARAM_GATHER,
@@ -346,6 +351,15 @@ fn memory_option_args(l: &Layout, a: &mut Vec<String>) {
     }
     if l.fp8_param_gather {
         a.push(flag::FP8_PARAM_GATHER.into());
+    }
+    match l.cross_entropy_fusion {
+        CrossEntropyFusion::None => {}
+        CrossEntropyFusion::Native => a.push(flag::CE_FUSION.into()),
+        CrossEntropyFusion::Te => {
+            a.push(flag::CE_FUSION.into());
+            a.push(flag::CE_FUSION_IMPL.into());
+            a.push("te".into());
+        }
     }
 }
 
@@ -855,6 +869,30 @@ impl MegatronArgs {
             fraction(flag::OPTIMIZER_OFFLOAD_FRACTION)?.unwrap_or(Fraction::ONE);
         l.activation_offload_layers = self.num(flag::CPU_OFFLOADING_NUM_LAYERS)?.unwrap_or(0);
         l.fp8_param_gather = self.has(flag::FP8_PARAM_GATHER);
+        // Without the fusion flag Megatron computes the loss unfused, whatever the impl says
+        // (argparse still judges the impl's value).
+        let te = match self.values.get(flag::CE_FUSION_IMPL) {
+            None => false,
+            Some(None) => {
+                return Err(FieldError::new(
+                    flag::CE_FUSION_IMPL,
+                    "needs a value: native or te",
+                ));
+            }
+            Some(Some(v)) if v == "native" => false,
+            Some(Some(v)) if v == "te" => true,
+            Some(Some(v)) => {
+                return Err(FieldError::new(
+                    flag::CE_FUSION_IMPL,
+                    format!("{} is not native or te", quote(v)),
+                ));
+            }
+        };
+        l.cross_entropy_fusion = match (self.has(flag::CE_FUSION), te) {
+            (false, _) => CrossEntropyFusion::None,
+            (true, false) => CrossEntropyFusion::Native,
+            (true, true) => CrossEntropyFusion::Te,
+        };
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use primus_oracle::layout::{Layout, Recompute, RecomputeModule, Schedule};
+use primus_oracle::layout::{CrossEntropyFusion, Layout, Recompute, RecomputeModule, Schedule};
 use primus_oracle::megatron::{MegatronArgs, megatron_flags};
 use primus_oracle::model::ModelCard;
 use primus_oracle::precision::Precision;
@@ -221,6 +221,9 @@ fn amds_example_experiments_read_to_the_layouts_they_set() {
         distributed_optimizer: false,
         overlap_param_gather: false,
         sequence_parallel: true,
+        // The experiment fuses the loss with Transformer Engine's kernel (its overrides:
+        // cross_entropy_fusion_impl: "te", cross_entropy_loss_fusion: true).
+        cross_entropy_fusion: CrossEntropyFusion::Te,
         ..Layout::default()
     };
     assert_eq!(l, want);

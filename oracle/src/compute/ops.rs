@@ -3,7 +3,7 @@
 //! per GPU and micro-batch under a layout, with their FLOPs, bytes and shapes.
 
 use super::*;
-use crate::layout::{ModuleSet, RecomputeModule};
+use crate::layout::{CrossEntropyFusion, ModuleSet, RecomputeModule};
 use crate::memory::activations::FP32_BYTES;
 use crate::model::MlaConfig;
 
@@ -31,6 +31,8 @@ pub struct Dims {
     pub sp: bool,
     /// The layout's MoE execution options.
     pub moe: MoeExec,
+    /// The cross-entropy kernel (the last stage's loss).
+    pub ce_fusion: CrossEntropyFusion,
 }
 
 impl Dims {
@@ -44,6 +46,7 @@ impl Dims {
             etp: l.etp.max(1) as f64,
             sp: l.sp(),
             moe: MoeExec::of(s, l),
+            ce_fusion: l.cross_entropy_fusion,
         }
     }
 
@@ -428,10 +431,15 @@ pub fn head_ops(card: &ModelCard, d: &Dims) -> OpList {
         1.0,
     ));
     ops.push(Op::gemm("output", d.tokens(), v, h, 1.0, false));
+    let (loss_bytes, loss_kernels) = if d.ce_fusion.fused() {
+        (LOSS_FWD_BYTES, 4.0)
+    } else {
+        (LOSS_UNFUSED_BYTES, LOSS_UNFUSED_KERNELS)
+    };
     ops.push(Op::memory(
         "cross_entropy",
-        d.tokens() * v * LOSS_FWD_BYTES,
-        4.0,
+        d.tokens() * v * loss_bytes,
+        loss_kernels,
     ));
     ops
 }

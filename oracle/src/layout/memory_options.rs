@@ -175,6 +175,7 @@ impl Layout {
         self.activation_offload_layers = from.activation_offload_layers;
         self.fp8_param_gather = from.fp8_param_gather;
         self.expandable_segments = from.expandable_segments;
+        self.cross_entropy_fusion = from.cross_entropy_fusion;
     }
 
     /// The memory options in a stable order, for the tuner's tie-break key.
@@ -197,6 +198,7 @@ impl Layout {
                 self.activation_offload_layers,
                 self.fp8_param_gather,
                 self.expandable_segments,
+                self.cross_entropy_fusion,
             ),
         )
     }
@@ -234,6 +236,9 @@ impl Layout {
         }
         if self.expandable_segments {
             words.push("expandable-segments".to_string());
+        }
+        if !self.cross_entropy_fusion.is_native() {
+            words.push(format!("ce={}", self.cross_entropy_fusion.as_str()));
         }
         words
     }

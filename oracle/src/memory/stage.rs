@@ -383,7 +383,12 @@ impl Ctx<'_> {
             // per-token fp32 loss.
             per_mb += self.tokens / self.tp_sp * ACT_BYTES * 2.0 * h + self.tokens * FP32_BYTES;
             // Logits: fp32 softmax kept per in-flight micro-batch for the main head and
-            // each MTP head, plus one micro-batch's bf16 logits during the cast.
+            // each MTP head, plus one micro-batch's bf16 logits during the cast. Counted for
+            // every cross-entropy kernel: Transformer Engine's (`crossEntropyFusion: te`)
+            // keeps the bf16 logits instead (4 bytes less per logit: memory.csv MP-V5 -> MP-V6
+            // measured 20.0 GiB less, 19.6 by this count), but the Primus MoE runs it would
+            // lower are already under-predicted by a term not yet modelled (see
+            // `CrossEntropyFusion::keeps_fp32_softmax`), so the verdicts stay conservative.
             let per_logit_set = self.tokens * self.vocab_padded / self.tp;
             t.logits = per_logit_set * (FP32_BYTES * (1 + vs.mtp) as f64 * count + ACT_BYTES);
         }

@@ -82,6 +82,9 @@ pub const PINNED: &[(&str, Pin)] = &[
     // Megatron refuses them beside a layout: the plan's split is written whole.
     (flag::ACCOUNT_EMBEDDING, Pin::Off),
     (flag::ACCOUNT_LOSS, Pin::Off),
+    // The loss kernel the plan projected (written when fused).
+    (flag::CE_FUSION, Pin::Off),
+    (flag::CE_FUSION_IMPL, Pin::Value("native")),
     (flag::EP, Pin::Value("1")),
     (flag::ETP, Pin::Null),
     (flag::RECOMPUTE_GRANULARITY, Pin::Null),

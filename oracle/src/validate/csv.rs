@@ -73,6 +73,7 @@ pub const LAYOUT_COLUMNS: &[&str] = &[
     "activationOffloadLayers",
     "fp8ParamGather",
     "expandableSegments",
+    "crossEntropyFusion",
 ];
 
 /// Columns of the MoE execution options: the fields of `spec.parallelism.moe`.
