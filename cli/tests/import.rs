@@ -6,7 +6,7 @@
 
 mod common;
 
-use primus_oracle::layout::{Layout, Recompute};
+use primus_oracle::layout::{CrossEntropyFusion, Layout, Recompute};
 use primus_oracle::plan::load_plan;
 use primus_oracle::profiles::Catalog;
 
@@ -69,6 +69,8 @@ fn amds_llama_experiment_imports_to_a_plan_with_its_fields() {
         distributed_optimizer: false,
         overlap_param_gather: false,
         sequence_parallel: true,
+        // The experiment's loss: Transformer Engine's fused cross-entropy.
+        cross_entropy_fusion: CrossEntropyFusion::Te,
         ..Layout::default()
     };
     assert_eq!(p.layout.as_ref(), Some(&want));

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use common::*;
 use primus_crds::Launcher;
 use primus_crds::pytorchjob::{JobOptions, pytorchjob};
-use primus_oracle::layout::{Layout, Recompute};
+use primus_oracle::layout::{CrossEntropyFusion, Layout, Recompute};
 use primus_oracle::memory;
 use primus_oracle::precision::Precision;
 use primus_oracle::primus::experiment;
@@ -156,6 +156,8 @@ fn amds_example_is_admitted_as_written_and_denied_without_sharded_state() {
         overlap_param_gather: false,
         sequence_parallel: true,
         grad_reduce_in_fp32: false,
+        // The experiment's loss: Transformer Engine's fused cross-entropy.
+        cross_entropy_fusion: CrossEntropyFusion::Te,
         ..Layout::default()
     };
     let s = scenario(8, 8192, 24);
