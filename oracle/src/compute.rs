@@ -48,8 +48,10 @@ pub const LOSS_BWD_BYTES: f64 = 6.0;
 /// backward, the gradient scaled in place (8) and cast back to BF16 (6): 14. Timed as one
 /// memory op, whose backward moves [`MEMORY_BWD_BYTES`] per forward byte: 52 / 3 forward.
 pub const LOSS_UNFUSED_BYTES: f64 = 52.0 / 3.0;
+/// Kernels of the fused cross-entropy's forward.
+pub const LOSS_FUSED_KERNELS: f64 = 4.0;
 /// Kernels of the unfused cross-entropy's forward (cast, max, subtract, gather, exp, sum,
-/// log, divide); the fused one launches 4.
+/// log, divide).
 pub const LOSS_UNFUSED_KERNELS: f64 = 8.0;
 
 /// How an op is timed.

@@ -649,6 +649,12 @@ impl MegatronArgs {
         let layers = model.layers;
         let embedding = self.has(flag::ACCOUNT_EMBEDDING);
         let loss = self.has(flag::ACCOUNT_LOSS);
+        // The accounting flag an error names.
+        let account = if embedding {
+            flag::ACCOUNT_EMBEDDING
+        } else {
+            flag::ACCOUNT_LOSS
+        };
         let accounted = || -> String {
             let mut what = String::new();
             if embedding {
@@ -677,13 +683,8 @@ impl MegatronArgs {
         }
         let uneven = l.first_stage_layers.is_some() || l.last_stage_layers.is_some();
         if (embedding || loss) && (uneven || l.pipeline_layout.is_some()) {
-            let f = if embedding {
-                flag::ACCOUNT_EMBEDDING
-            } else {
-                flag::ACCOUNT_LOSS
-            };
             return Err(FieldError::new(
-                f,
+                account,
                 "Megatron does not combine it with --decoder-first/last-pipeline-num-layers or \
                  --pipeline-model-parallel-layout",
             ));
@@ -732,15 +733,10 @@ impl MegatronArgs {
                 loss,
                 mtp: false,
             };
-            let f = if embedding {
-                flag::ACCOUNT_EMBEDDING
-            } else {
-                flag::ACCOUNT_LOSS
-            };
             let text = crate::layout::even_split_layout(layers, model.mtp_layers, stages, slots)
                 .ok_or_else(|| {
                     FieldError::new(
-                        f,
+                        account,
                         format!(
                             "{} do not split evenly over {stages} virtual stages",
                             accounted()
@@ -748,7 +744,7 @@ impl MegatronArgs {
                     )
                 })?;
             let parsed = crate::layout::PipelineLayout::parse(&text)
-                .map_err(|e| FieldError::new(f, format!("its split {e}")))?;
+                .map_err(|e| FieldError::new(account, format!("its split {e}")))?;
             l.pipeline_layout = Some(parsed);
         }
         Ok(())

@@ -11,8 +11,8 @@
 //! Transformer Engine's loss, 20 GiB less device memory).
 
 use primus_oracle::compute::{
-    self, AnalyticTimer, Dims, LOSS_FWD_BYTES, LOSS_UNFUSED_BYTES, LOSS_UNFUSED_KERNELS,
-    MEMORY_BWD_BYTES, OpTimes, TimerContext,
+    self, AnalyticTimer, Dims, LOSS_FUSED_KERNELS, LOSS_FWD_BYTES, LOSS_UNFUSED_BYTES,
+    LOSS_UNFUSED_KERNELS, MEMORY_BWD_BYTES, OpTimes, TimerContext,
 };
 use primus_oracle::layout::{CrossEntropyFusion, Layout};
 use primus_oracle::megatron::{MegatronArgs, megatron_flags};
@@ -102,7 +102,8 @@ fn the_unfused_loss_moves_its_extra_passes_over_the_logits() {
     let hbm = hw.memory_bandwidth() * hw.efficiency.memory_bound;
     let launch = hw.efficiency.kernel_overhead_us * 1e-6;
     let extra_bytes = logits * (LOSS_UNFUSED_BYTES - LOSS_FWD_BYTES);
-    let kernels = LOSS_UNFUSED_KERNELS - 4.0;
+    let kernels = LOSS_UNFUSED_KERNELS - LOSS_FUSED_KERNELS;
+    assert_eq!(kernels, 4.0);
     assert!(((38.0 + 14.0) / 3.0 - LOSS_UNFUSED_BYTES).abs() < 1e-12);
     let forward = extra_bytes / hbm + kernels * launch;
     let backward = MEMORY_BWD_BYTES * extra_bytes / hbm + kernels * launch;

@@ -432,7 +432,7 @@ pub fn head_ops(card: &ModelCard, d: &Dims) -> OpList {
     ));
     ops.push(Op::gemm("output", d.tokens(), v, h, 1.0, false));
     let (loss_bytes, loss_kernels) = if d.ce_fusion.fused() {
-        (LOSS_FWD_BYTES, 4.0)
+        (LOSS_FWD_BYTES, LOSS_FUSED_KERNELS)
     } else {
         (LOSS_UNFUSED_BYTES, LOSS_UNFUSED_KERNELS)
     };

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::seed::{Scorer, SeedPlanner};
 use super::trials::{Source, Trial, Verdict};
-use super::{Context, Outcome, Rejection, Scored, Searcher};
+use super::{Context, Outcome, Rejection, Scored, Searcher, Stats};
 use crate::layout::Layout;
 use crate::plan::SearcherKind;
 use crate::units::GIB;
@@ -416,12 +416,7 @@ impl Searcher for AgentSearcher {
             SeedPlanner::default().sweep(ctx, &mut scorer, first);
         }
         scorer.source = Source::Agent;
-        let mut rejections: BTreeMap<String, u64> = scorer
-            .stats
-            .rules
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
-            .collect();
+        let mut rejections = Stats::owned(&scorer.stats.rules);
         for (k, v) in &scorer.stats.memory {
             rejections.insert(format!("memory: {k}"), *v);
         }

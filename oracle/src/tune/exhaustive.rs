@@ -371,9 +371,9 @@ fn moe_runs(structures: &[Structure]) -> Vec<std::ops::Range<usize>> {
 }
 
 /// Structures grouped by pipeline shape and data-parallel size, in a stable order.
-fn groups(structures: Vec<Structure>) -> Vec<Vec<Structure>> {
+fn groups(structures: &[Structure]) -> Vec<Vec<Structure>> {
     let mut map: BTreeMap<_, Vec<Structure>> = BTreeMap::new();
-    for st in structures {
+    for &st in structures {
         let key = (st.pp, st.vpp, st.schedule, st.tp * st.cp, st.split);
         map.entry(key).or_default().push(st);
     }
@@ -658,7 +658,7 @@ impl Searcher for Exhaustive {
         if self.prune {
             return self.search_pruned(ctx);
         }
-        let groups = groups(ctx.structures().to_vec());
+        let groups = groups(ctx.structures());
         ctx.progress.set_total(groups.len() as u64);
         let empty = || Task::new(ctx.top_k);
         let task = groups

@@ -214,6 +214,11 @@ impl Stats {
         }
     }
 
+    /// A counter map ([`Stats::rules`], [`Stats::memory`]) with owned keys, as results carry it.
+    pub fn owned(counts: &BTreeMap<&'static str, u64>) -> BTreeMap<String, u64> {
+        counts.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
     /// Candidates examined (projected or rejected).
     pub fn examined(&self) -> u64 {
         self.evaluated + self.rejected_by_rules + self.rejected_by_memory

@@ -170,8 +170,8 @@ impl TuneResult {
             rejected_by_rules: stats.rejected_by_rules,
             pruned: stats.pruned,
             rejections: Rejections {
-                rules: named(stats.rules),
-                memory: named(stats.memory),
+                rules: Stats::owned(&stats.rules),
+                memory: Stats::owned(&stats.memory),
             },
             reference: reference.map(|(candidate, fits_with_headroom)| Reference {
                 candidate,
@@ -290,14 +290,4 @@ impl Explanation {
         }
         out
     }
-}
-
-/// A counter map with owned keys, as the result carries it.
-fn named(
-    counts: std::collections::BTreeMap<&'static str, u64>,
-) -> std::collections::BTreeMap<String, u64> {
-    counts
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
 }
