@@ -210,6 +210,29 @@ fn deepseek_v2_lite() {
 }
 
 #[test]
+fn deepseek_v2() {
+    // h 5120, 128 heads, MLA q_lora 1536, kv_lora 512, qk 128 + rope 64, v 128, 160 routed
+    // experts and 2 shared of f 1536, top-6, dense FFN 12288 (1 layer), V 102400, 60 layers.
+    // MLA: q_down 5120*1536 = 7,864,320 + q_norm 1,536 + q_up 1536*128*192 = 37,748,736 +
+    // kv_down 5120*576 = 2,949,120 + kv_norm 512 + kv_up 512*128*256 = 16,777,216 + o
+    // 128*128*5120 = 83,886,080 = 149,227,520. Layer norms 2*5120 = 10,240.
+    // Dense layer: + 3*5120*12288 = 188,743,680 -> 337,981,440.
+    // MoE layer (59): 162 experts of 3*5120*1536 = 23,592,960 = 3,822,059,520; router
+    // 160*5120 = 819,200 -> 3,972,116,480.
+    // Total 337,981,440 + 59*3,972,116,480 + 2*102400*5120 + 5,120 = 235,741,434,880 ("236B").
+    // Active MoE layer: 149,237,760 + 8*23,592,960 + 819,200 = 338,800,640; total active
+    // 337,981,440 + 59*338,800,640 + 1,048,576,000 + 5,120 = 21,375,800,320; without the
+    // embedding lookup 20,851,512,320 (DeepSeek's "21B activated").
+    let c = card("deepseek-v2");
+    assert_eq!(c.layer_params(LayerKind::Dense).total(), 337_981_440);
+    assert_eq!(c.layer_params(LayerKind::Moe).total(), 3_972_116_480);
+    assert_eq!(c.total_params(), 235_741_434_880);
+    assert_eq!(c.active_params(), 21_375_800_320);
+    within(c.total_params(), 236e9, 0.01);
+    within(c.active_params_without_embedding_lookup(), 21e9, 0.01);
+}
+
+#[test]
 fn moonlight_16b_a3b() {
     // DeepSeek-V2-Lite's shapes with a dense FFN of 11264, a sigmoid router with its
     // correction bias (64), and vocabulary 163840.
@@ -290,7 +313,7 @@ fn gpt_1t() {
 fn every_preset_has_a_test() {
     let names = Catalog::builtin().unwrap().model_names().len();
     assert_eq!(
-        names, 18,
+        names, 19,
         "a new preset needs its own parameter-count test here"
     );
 }
