@@ -27,7 +27,7 @@ pub use moe::*;
 pub use ops::*;
 
 /// Bytes of one BF16 activation element.
-pub const ACT_BYTES: f64 = 2.0;
+pub use crate::units::ACT_BYTES;
 /// Bytes per element that a Transformer Engine FP8 cast moves: read BF16 (2), write the FP8
 /// row-wise and column-wise (transposed) copies (1 + 1).
 pub const FP8_CAST_BYTES: f64 = 4.0;

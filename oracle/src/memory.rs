@@ -20,7 +20,9 @@
 //! - FP8 (Transformer Engine): an FP8 copy of every GEMM weight and its transpose, kept for the
 //!   whole step, 2 bytes per GEMM weight ([`FP8_WEIGHT_COPY_BYTES`]), or FP8 weights
 //!   themselves with `--fp8-param-gather` ([`FP8_PARAM_BYTES`]);
-//! - activations: [`activations`], times the micro-batches each schedule keeps in flight;
+//! - activations: [`activations`], times the micro-batches each schedule keeps in flight; the
+//!   routed experts' for the tokens a rank holds ([`crate::compute::expert_memory_load`]: the
+//!   capacity factor when padded to it, else balanced), as is the MoE dispatch buffer;
 //! - the last stage's logits: Megatron's vocab-parallel cross entropy casts the BF16 logits
 //!   (2 bytes) to FP32 (4 bytes), turns them into the softmax in place and keeps that for the
 //!   backward pass: 4 bytes per logit per in-flight micro-batch, plus the 2-byte BF16 logits of
@@ -52,8 +54,8 @@ pub mod optimizer;
 mod stage;
 
 pub use activations::{
-    ActivationTerms, Dropout, Keep, MemoryOptions, deferred_wgrad_microbatches, inflight_in_chunk,
-    inflight_microbatches, layer_terms, wgrad_terms,
+    ActivationTerms, Dropout, ExpertSide, Keep, MemoryOptions, deferred_wgrad_microbatches,
+    inflight_in_chunk, inflight_microbatches, layer_terms, wgrad_terms,
 };
 pub use band::{
     Band, JobKind, MEGATRON_DENSE_OVER, MEGATRON_DENSE_UNDER, MEGATRON_MOE_OVER,
@@ -231,7 +233,10 @@ pub fn layer_activation_bytes(
         &s.model,
         kind,
         keep,
-        l.etp,
+        ExpertSide {
+            etp: l.etp,
+            load: crate::compute::expert_memory_load(s, l),
+        },
         s.training.precision,
         opts,
         Dropout::of(l),

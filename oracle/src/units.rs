@@ -8,6 +8,12 @@ pub const GB: f64 = 1e9;
 pub const TERA: f64 = 1e12;
 /// Seconds in one microsecond.
 pub const MICROSECOND: f64 = 1e-6;
+/// Bytes per element of a 16-bit (BF16) activation: what the time and the memory model both
+/// count a saved or moved activation element as.
+pub const ACT_BYTES: f64 = 2.0;
+/// Bytes per element of an FP32 tensor (softmax statistics, router scores, logits for the
+/// loss, gradients).
+pub const FP32_BYTES: f64 = 4.0;
 
 /// Bytes to GiB.
 pub fn gib(bytes: f64) -> f64 {

@@ -573,3 +573,40 @@ fn tied_embedding_gets_a_copy_on_the_last_stage() {
     let total: f64 = r.stages.iter().map(|st| st.parameters).sum();
     assert_eq!(total, 22_074_273_792.0 + 51200.0 * 6144.0);
 }
+
+/// A layout's capacity factor with padding (`--moe-expert-capacity-factor` with
+/// `--moe-pad-expert-input-to-capacity`: every expert runs exactly its capacity,
+/// Megatron-Core `moe_utils.py:get_capacity`) sizes the experts' saved activations: a rank holds
+/// capacityFactor x the balanced copies. Without padding (tokens beyond capacity dropped) and
+/// dropless the rank holds the balanced count on average over the layers it keeps, whatever the
+/// routing balance. Qwen3-30B-A3B, BF16, TP1 EP8, seq 4096, MBS 1: one routed copy keeps fc1's
+/// input 2h = 4,096 B, the SwiGLU input 2 x 2f = 3,072 B, fc2's input 2f = 1,536 B and its
+/// fp32 probability 4 B = 8,708 B; 8 copies per token; capacity 1.5 adds half of them:
+/// 0.5 x 8 x 8,708 x 4,096 tokens = 142,671,872 B per layer. Until stop 26 the memory model
+/// read only the model card's capacity factor and ignored the layout's.
+#[test]
+fn padded_capacity_scales_the_experts_activations() {
+    use primus_oracle::layout::Factor;
+    let s = scenario("qwen3-30b-a3b", "h100-sxm", 8, 4096, 64);
+    let dropless = no_dropout(Layout {
+        ep: 8,
+        ..Layout::default()
+    });
+    let opts = MemoryOptions::default();
+    let bytes = |l: &Layout| layer_activation_bytes(&s, l, &opts, LayerKind::Moe, Keep::All);
+    let mut padded = dropless.clone();
+    padded.moe.capacity_factor = Some(Factor(1.5));
+    padded.moe.pad_to_capacity = true;
+    assert_eq!(bytes(&padded) - bytes(&dropless), 142_671_872.0);
+    // Dropping beyond capacity, forced balance and auxiliary-loss routing: the balanced count.
+    let mut dropping = padded.clone();
+    dropping.moe.pad_to_capacity = false;
+    assert_eq!(bytes(&dropping), bytes(&dropless));
+    let mut forced = dropless.clone();
+    forced.moe.force_load_balancing = true;
+    assert_eq!(bytes(&forced), bytes(&dropless));
+    // The whole stage follows: the padded layout's estimate holds the difference per layer
+    // and in-flight micro-batch.
+    let (a, b) = (estimate(&s, &dropless), estimate(&s, &padded));
+    assert!(b.stages[0].activations_bytes > a.stages[0].activations_bytes);
+}

@@ -99,7 +99,7 @@ impl MoeExec {
 ///   that over sqrt(local), the same extreme-value estimate;
 /// - a capacity factor without padding drops what exceeds capacity: at most `capacityFactor`.
 pub fn moe_load_factor(x: &MoeExec, local: f64, ep: f64, copies: f64) -> f64 {
-    if let (Some(cf), true) = (x.capacity, x.pad) {
+    if let Some(cf) = padded_load(x) {
         return cf;
     }
     let spread = if ep <= 1.0 {
@@ -126,6 +126,25 @@ pub fn busiest_rank(d: &Dims, moe: &MoeConfig) -> (f64, f64) {
         balanced * moe_load_factor(&d.moe, local, d.ep, balanced),
         local,
     )
+}
+
+/// Routed copies one expert-parallel rank's experts hold relative to balanced routing, on
+/// average over the layers and micro-batches whose activations the rank keeps: the capacity
+/// factor when inputs are padded to it (every expert runs exactly its capacity, the
+/// layout's `capacityFactor` or the model card's), else 1. The memory model's figure. The
+/// per-layer extremes of [`moe_load_factor`] (the busiest rank of one all-to-all, which sets
+/// that layer's time) do not add up in memory: a stage keeps many layers' activations, the
+/// ranks' loads of different layers are independent, and their sum is close to balanced.
+pub fn expert_memory_load(s: &Scenario, l: &Layout) -> f64 {
+    padded_load(&MoeExec::of(s, l)).unwrap_or(1.0)
+}
+
+/// The load of every rank when inputs are padded to a capacity: the capacity factor.
+fn padded_load(x: &MoeExec) -> Option<f64> {
+    match (x.capacity, x.pad) {
+        (Some(cf), true) => Some(cf),
+        _ => None,
+    }
 }
 
 /// Expected number of distinct members of a set of `m` experts hit when a token picks `k` of

@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::layout::{CrossEntropyFusion, ModuleSet, RecomputeModule};
-use crate::memory::activations::FP32_BYTES;
 use crate::model::MlaConfig;
+use crate::units::FP32_BYTES;
 
 /// The kinds of decoder layer whose cost differs: dense or MoE block, full or sliding-window
 /// attention. Costs are computed once per kind, not per layer.

@@ -23,19 +23,14 @@ use crate::layout::{Layout, ModuleSet, RecomputeModule, Schedule};
 use crate::model::{Activation, LayerKind, MlaConfig, ModelCard, MoeConfig};
 use crate::precision::Precision;
 
-/// Bytes per element of 16-bit activations (BF16).
-pub const ACT_BYTES: f64 = 2.0;
-/// Bytes per element of FP32 tensors (softmax statistics, router scores, logits for the loss).
-pub const FP32_BYTES: f64 = 4.0;
+/// Bytes per element of 16-bit activations (BF16) and of FP32 tensors (softmax statistics,
+/// router scores, logits for the loss).
+pub use crate::units::{ACT_BYTES, FP32_BYTES};
 /// Bytes per element of a dropout mask or a routing map (Korthikanti: 1 byte).
 pub const MASK_BYTES: f64 = 1.0;
 /// Bytes per element of a linear layer's saved input under FP8 training: Transformer Engine
 /// casts GEMM inputs to FP8 and keeps that copy for the weight-gradient GEMM.
 pub const FP8_ACT_BYTES: f64 = 1.0;
-/// Dropless MoE routing: tokens an expert-parallel rank receives, relative to the average
-/// (top_k x its local tokens). 1.0 = perfectly balanced; a calibration point, since the real
-/// per-micro-batch imbalance depends on the router's balancing.
-pub const MOE_DROPLESS_LOAD_FACTOR: f64 = 1.0;
 
 /// Knobs of the activation model that are not part of a layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,24 +165,40 @@ fn mlp_act(card: &ModelCard, f: u64, lin: f64) -> (f64, f64) {
     }
 }
 
-/// Tokens each local token becomes on the expert side: top_k x (capacity factor, or the
-/// dropless load factor).
-fn expert_copies(card: &ModelCard) -> f64 {
+/// Tokens each local token becomes on the expert side: top_k x `load`, the rank's routed
+/// copies relative to balanced routing ([`crate::compute::expert_memory_load`]: the capacity
+/// factor when padded to it, else 1).
+fn expert_copies(card: &ModelCard, load: f64) -> f64 {
     match &card.moe {
-        Some(m) => m.top_k as f64 * m.capacity_factor.unwrap_or(MOE_DROPLESS_LOAD_FACTOR),
+        Some(m) => m.top_k as f64 * load,
         None => 0.0,
     }
 }
 
-/// Per-token bytes one decoder layer keeps (see [`ActivationTerms`]). `etp` is the expert
-/// tensor-parallel size (each expert-side token is gathered over it); under FP8 the saved
-/// inputs of linear layers take 1 byte per element (norm inputs, attention tensors and
-/// activation-function inputs stay 16-bit).
+/// The shape of the expert side a layer's activations are counted for: the expert
+/// tensor-parallel size (each expert-side token is gathered over it) and the routing load
+/// (see `expert_copies`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertSide {
+    pub etp: u32,
+    pub load: f64,
+}
+
+impl ExpertSide {
+    /// Balanced routing (load 1).
+    pub fn balanced(etp: u32) -> ExpertSide {
+        ExpertSide { etp, load: 1.0 }
+    }
+}
+
+/// Per-token bytes one decoder layer keeps (see [`ActivationTerms`]), its expert side shaped
+/// by `experts`; under FP8 the saved inputs of linear layers take 1 byte per element (norm
+/// inputs, attention tensors and activation-function inputs stay 16-bit).
 pub fn layer_terms(
     card: &ModelCard,
     kind: LayerKind,
     keep: Keep,
-    etp: u32,
+    experts: ExpertSide,
     precision: Precision,
     opts: &MemoryOptions,
     dropout: Dropout,
@@ -209,7 +220,7 @@ pub fn layer_terms(
     let mlp_dropout_mask = drop;
     t.seq += ln2_input + mlp_dropout_mask;
     match (kind, &card.moe) {
-        (LayerKind::Moe, Some(m)) => moe_terms(&mut t, card, m, rc, lin, etp),
+        (LayerKind::Moe, Some(m)) => moe_terms(&mut t, card, m, rc, lin, experts),
         _ => dense_mlp_terms(&mut t, card, rc, lin),
     }
     t
@@ -307,7 +318,7 @@ fn moe_terms(
     m: &MoeConfig,
     rc: ModuleSet,
     lin: f64,
-    etp: u32,
+    experts: ExpertSide,
 ) {
     let h = card.hidden_size as f64;
     let whole_block = rc.contains(RecomputeModule::Moe);
@@ -341,7 +352,7 @@ fn moe_terms(
     // Megatron-Core applies inside the activation function
     // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
     // keeps no expert output.
-    let copies = expert_copies(card);
+    let copies = expert_copies(card, experts.load);
     let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
     // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
     // fc2's original input, so nothing remains under FP8 either).
@@ -350,7 +361,7 @@ fn moe_terms(
     } else {
         act_out
     };
-    let fc1_input = lin * h * etp.max(1) as f64;
+    let fc1_input = lin * h * experts.etp.max(1) as f64;
     let prob = FP32_BYTES;
     t.expert += copies * (fc1_input + act_in + act_out + prob);
 }
@@ -372,7 +383,7 @@ fn dense_mlp_terms(t: &mut ActivationTerms, card: &ModelCard, rc: ModuleSet, lin
 /// Per-token bytes a layer still holds while its weight-gradient (W) pass is deferred by a
 /// zero-bubble schedule: the inputs of its linear layers and the gradients of their outputs
 /// (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2: W needs X and dY).
-pub fn wgrad_terms(card: &ModelCard, kind: LayerKind, etp: u32) -> ActivationTerms {
+pub fn wgrad_terms(card: &ModelCard, kind: LayerKind, experts: ExpertSide) -> ActivationTerms {
     let h = card.hidden_size as f64;
     let a = card.attention_heads as f64;
     let mut t = ActivationTerms::default();
@@ -404,8 +415,8 @@ pub fn wgrad_terms(card: &ModelCard, kind: LayerKind, etp: u32) -> ActivationTer
                 t.tensor += act_in + act_out;
             }
             let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, ACT_BYTES);
-            let gathered = ACT_BYTES * h * etp.max(1) as f64;
-            t.expert += expert_copies(card) * (2.0 * gathered + act_in + act_out);
+            let gathered = ACT_BYTES * h * experts.etp.max(1) as f64;
+            t.expert += expert_copies(card, experts.load) * (2.0 * gathered + act_in + act_out);
         }
         _ => {
             let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, ACT_BYTES);

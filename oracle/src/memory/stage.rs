@@ -5,14 +5,15 @@
 //! buffers. Everything that does not depend on the stage is computed once per call ([`Ctx`]),
 //! on the stack, so [`super::peak_bytes`] allocates nothing.
 
+use crate::compute;
 use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::LayerKind;
 use crate::precision::Precision;
 use crate::scenario::Scenario;
 
 use super::activations::{
-    self, ACT_BYTES, ActivationTerms, ChunkSplit, Dropout, FP32_BYTES, Keep, MASK_BYTES,
-    MemoryOptions, inflight_microbatches, layer_terms, wgrad_terms,
+    self, ACT_BYTES, ActivationTerms, ChunkSplit, Dropout, ExpertSide, FP32_BYTES, Keep,
+    MASK_BYTES, MemoryOptions, inflight_microbatches, layer_terms, wgrad_terms,
 };
 use super::optimizer::{StateBytes, state_bytes};
 use super::{
@@ -98,9 +99,13 @@ impl LayerActivations {
         let keep = Keep::of(l);
         let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
         let dropout = Dropout::of(l);
+        let experts = ExpertSide {
+            etp: l.etp,
+            load: compute::expert_memory_load(s, l),
+        };
         let layer = |kind, keep| {
             bytes(layer_terms(
-                card, kind, keep, l.etp, precision, opts, dropout,
+                card, kind, keep, experts, precision, opts, dropout,
             ))
         };
         let zero_bubble = l.schedule == Schedule::ZeroBubble;
@@ -126,12 +131,12 @@ impl LayerActivations {
             },
             input: layer(LayerKind::Dense, Keep::Input),
             wgrad_dense: if zero_bubble {
-                bytes(wgrad_terms(card, LayerKind::Dense, l.etp))
+                bytes(wgrad_terms(card, LayerKind::Dense, experts))
             } else {
                 0.0
             },
             wgrad_moe: if has_moe && zero_bubble {
-                bytes(wgrad_terms(card, LayerKind::Moe, l.etp))
+                bytes(wgrad_terms(card, LayerKind::Moe, experts))
             } else {
                 0.0
             },
@@ -166,9 +171,8 @@ impl<'a> Ctx<'a> {
         let moe = card.layer_params(LayerKind::Moe);
         let moe_dispatch = match &card.moe {
             Some(m) => {
-                let copies = m.top_k as f64
-                    * m.capacity_factor
-                        .unwrap_or(activations::MOE_DROPLESS_LOAD_FACTOR);
+                // The routed copies a rank holds (`compute::expert_memory_load`).
+                let copies = m.top_k as f64 * compute::expert_memory_load(s, l);
                 copies * tokens / tp_sp * ACT_BYTES * card.hidden_size as f64
             }
             None => 0.0,
