@@ -184,13 +184,6 @@ pub struct ExpertSide {
     pub load: f64,
 }
 
-impl ExpertSide {
-    /// Balanced routing (load 1).
-    pub fn balanced(etp: u32) -> ExpertSide {
-        ExpertSide { etp, load: 1.0 }
-    }
-}
-
 /// Per-token bytes one decoder layer keeps (see [`ActivationTerms`]), its expert side shaped
 /// by `experts`; under FP8 the saved inputs of linear layers take 1 byte per element (norm
 /// inputs, attention tensors and activation-function inputs stay 16-bit).

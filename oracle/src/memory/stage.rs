@@ -92,6 +92,7 @@ impl LayerActivations {
         tokens: f64,
         tp: f64,
         tp_sp: f64,
+        expert_load: f64,
     ) -> LayerActivations {
         let card = &s.model;
         let keys = s.training.seq_length as f64;
@@ -101,7 +102,7 @@ impl LayerActivations {
         let dropout = Dropout::of(l);
         let experts = ExpertSide {
             etp: l.etp,
-            load: compute::expert_memory_load(s, l),
+            load: expert_load,
         };
         let layer = |kind, keep| {
             bytes(layer_terms(
@@ -169,10 +170,11 @@ impl<'a> Ctx<'a> {
         let vocab_padded = card.vocab_size.div_ceil(pad) * pad;
         let dense = card.layer_params(LayerKind::Dense);
         let moe = card.layer_params(LayerKind::Moe);
+        let expert_load = compute::expert_memory_load(s, l);
         let moe_dispatch = match &card.moe {
             Some(m) => {
                 // The routed copies a rank holds (`compute::expert_memory_load`).
-                let copies = m.top_k as f64 * compute::expert_memory_load(s, l);
+                let copies = m.top_k as f64 * expert_load;
                 copies * tokens / tp_sp * ACT_BYTES * card.hidden_size as f64
             }
             None => 0.0,
@@ -196,7 +198,7 @@ impl<'a> Ctx<'a> {
                 moe_dense_linear: moe.non_expert_linear_per_gpu(l.tp),
                 moe_expert_linear: moe.expert_linear_per_gpu(l.ep, l.etp),
             },
-            act: LayerActivations::of(s, l, opts, tokens, tp, tp_sp),
+            act: LayerActivations::of(s, l, opts, tokens, tp, tp_sp, expert_load),
             shards: Shards {
                 dense_weight: if l.fsdp { dp_cp } else { 1.0 },
                 expert_weight: if l.fsdp { edp } else { 1.0 },
