@@ -625,6 +625,26 @@ impl MegatronArgs {
         self.values.is_empty()
     }
 
+    /// An enum flag's value (`None` when absent), or an error naming the flag and the values
+    /// it takes.
+    fn choice<T>(
+        &self,
+        f: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        allowed: &[&str],
+    ) -> Result<Option<T>, FieldError> {
+        match self.values.get(f) {
+            None => Ok(None),
+            Some(None) => Err(FieldError::new(f, "needs a value")),
+            Some(Some(v)) => parse(v).map(Some).ok_or_else(|| {
+                FieldError::new(
+                    f,
+                    format!("{} is not one of {}", quote(v), allowed.join(", ")),
+                )
+            }),
+        }
+    }
+
     fn num<T: std::str::FromStr>(&self, f: &str) -> Result<Option<T>, FieldError> {
         match self.values.get(f) {
             None => Ok(None),
@@ -844,14 +864,11 @@ impl MegatronArgs {
         let fraction = |f: &str| -> Result<Option<Fraction>, FieldError> {
             Ok(self.num::<f64>(f)?.map(Fraction::new))
         };
+        let dtypes = OptimizerDtype::ALL.map(|d| d.as_str());
         let dtype = |f: &str| -> Result<OptimizerDtype, FieldError> {
-            match self.values.get(f) {
-                None => Ok(OptimizerDtype::Fp32),
-                Some(None) => Err(FieldError::new(f, "needs a value")),
-                Some(Some(v)) => OptimizerDtype::parse(v).ok_or_else(|| {
-                    FieldError::new(f, format!("{} is not fp32, bf16, fp16 or fp8", quote(v)))
-                }),
-            }
+            Ok(self
+                .choice(f, OptimizerDtype::parse, &dtypes)?
+                .unwrap_or(OptimizerDtype::Fp32))
         };
         l.attention_dropout = fraction(flag::ATTENTION_DROPOUT)?.unwrap_or(MEGATRON_DROPOUT);
         l.hidden_dropout = fraction(flag::HIDDEN_DROPOUT)?.unwrap_or(MEGATRON_DROPOUT);
@@ -867,23 +884,17 @@ impl MegatronArgs {
         l.fp8_param_gather = self.has(flag::FP8_PARAM_GATHER);
         // Without the fusion flag Megatron computes the loss unfused, whatever the impl says
         // (argparse still judges the impl's value).
-        let te = match self.values.get(flag::CE_FUSION_IMPL) {
-            None => false,
-            Some(None) => {
-                return Err(FieldError::new(
-                    flag::CE_FUSION_IMPL,
-                    "needs a value: native or te",
-                ));
-            }
-            Some(Some(v)) if v == "native" => false,
-            Some(Some(v)) if v == "te" => true,
-            Some(Some(v)) => {
-                return Err(FieldError::new(
-                    flag::CE_FUSION_IMPL,
-                    format!("{} is not native or te", quote(v)),
-                ));
-            }
-        };
+        let te = self
+            .choice(
+                flag::CE_FUSION_IMPL,
+                |v| match v {
+                    "native" => Some(false),
+                    "te" => Some(true),
+                    _ => None,
+                },
+                &["native", "te"],
+            )?
+            .unwrap_or(false);
         l.cross_entropy_fusion = match (self.has(flag::CE_FUSION), te) {
             (false, _) => CrossEntropyFusion::None,
             (true, false) => CrossEntropyFusion::Native,

@@ -170,22 +170,6 @@ fn truthy(v: Option<&str>) -> bool {
     matches!(v, Some("True" | "true" | "1"))
 }
 
-/// An enum flag's value, or an error naming the flag and the allowed values.
-fn choice<T: Copy>(
-    args: &MegatronArgs,
-    name: &str,
-    parse: impl Fn(&str) -> Option<T>,
-    allowed: &[&str],
-) -> Result<Option<T>, FieldError> {
-    match args.values.get(name) {
-        None => Ok(None),
-        Some(None) => Err(FieldError::new(name, "needs a value")),
-        Some(Some(v)) => parse(v).map(Some).ok_or_else(|| {
-            FieldError::new(name, format!("{v:?} is not one of {}", allowed.join(", ")))
-        }),
-    }
-}
-
 /// A capacity factor flag (Megatron: a negative value means none).
 fn factor(args: &MegatronArgs, name: &str) -> Result<Option<Factor>, FieldError> {
     Ok(args.num::<f64>(name)?.filter(|v| *v >= 0.0).map(Factor))
@@ -199,16 +183,14 @@ pub(super) fn read(
 ) -> Result<(), FieldError> {
     let names = |all: &[&'static str]| all.to_vec();
     let m = &mut l.moe;
-    if let Some(d) = choice(
-        args,
+    if let Some(d) = args.choice(
         f::DISPATCHER,
         TokenDispatcher::parse,
         &names(&TokenDispatcher::ALL.map(|d| d.as_str())),
     )? {
         m.token_dispatcher = d;
     }
-    m.flex_backend = choice(
-        args,
+    m.flex_backend = args.choice(
         f::FLEX_BACKEND,
         |v| FlexBackend::parse(v).filter(|b| *b != FlexBackend::PrimusTurboDeepep),
         &["deepep", "hybridep"],
@@ -229,8 +211,7 @@ pub(super) fn read(
     m.delay_wgrad = args.has(f::DELAY_WGRAD);
     m.force_load_balancing = args.has(f::FORCE_BALANCE);
     m.pad_to_capacity = args.has(f::PAD_TO_CAPACITY);
-    if let Some(b) = choice(
-        args,
+    if let Some(b) = args.choice(
         f::LOAD_BALANCING,
         LoadBalancing::parse,
         &names(&LoadBalancing::ALL.map(|d| d.as_str())),
@@ -241,8 +222,7 @@ pub(super) fn read(
     m.capacity_factor =
         factor(args, flag::MOE_CAPACITY)?.filter(|c| Some(c.get()) != card_capacity);
     m.rank_capacity_factor = factor(args, f::RANK_CAPACITY)?;
-    m.router_dtype = choice(
-        args,
+    m.router_dtype = args.choice(
         f::ROUTER_DTYPE,
         RouterDtype::parse,
         &names(&RouterDtype::ALL.map(|d| d.as_str())),
@@ -262,14 +242,12 @@ pub(super) fn read(
             break;
         }
     }
-    l.fp8_recipe = choice(
-        args,
+    l.fp8_recipe = args.choice(
         f::FP8_RECIPE,
         Fp8Recipe::parse,
         &names(&Fp8Recipe::ALL.map(|d| d.as_str())),
     )?;
-    if let Some(i) = choice(
-        args,
+    if let Some(i) = args.choice(
         f::CUDA_GRAPH_IMPL,
         CudaGraphImpl::parse,
         &names(&CudaGraphImpl::ALL.map(|d| d.as_str())),
