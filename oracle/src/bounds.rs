@@ -22,6 +22,8 @@ pub mod limits {
     pub const LAYERS: u64 = 4096;
     /// Multi-token-prediction layers (DeepSeek-V3: 1).
     pub const MTP_LAYERS: u64 = 64;
+    /// YaRN rotary scaling factor (gpt-oss: 32; DeepSeek-V3's 40).
+    pub const YARN_SCALING: u64 = 1024;
     /// Model width, per-head and latent dimensions. Real models: <= 2^14.
     pub const HIDDEN: u64 = 1 << 17;
     /// FFN widths. Real models: <= 53,248 (Llama 3.1 405B).

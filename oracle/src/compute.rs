@@ -48,6 +48,41 @@ pub const LOSS_BWD_BYTES: f64 = 6.0;
 /// backward, the gradient scaled in place (8) and cast back to BF16 (6): 14. Timed as one
 /// memory op, whose backward moves [`MEMORY_BWD_BYTES`] per forward byte: 52 / 3 forward.
 pub const LOSS_UNFUSED_BYTES: f64 = 52.0 / 3.0;
+/// Eager rotary embedding (Megatron-Core `rope_utils.py`, `_apply_rotary_pos_emb_bshd`: the
+/// path of YaRN with a concentration factor other than 1, [`crate::model::ModelCard::unfused_rotary`]),
+/// bytes per rotated element over forward and backward beyond the fused kernel's: the forward
+/// negates and concatenates the rotated halves, multiplies by the cosine and the sine, adds
+/// and concatenates with the pass-through part (12 reads and writes of 2 bytes: 24), the
+/// backward as many (24); the fused kernel reads and writes once each way (4 + 8 as a memory
+/// op): 36 more, charged as a memory op of 12 forward bytes (its backward at
+/// [`MEMORY_BWD_BYTES`]).
+pub const ROTARY_UNFUSED_EXTRA_BYTES: f64 = 12.0;
+/// Kernels of the eager rotary's forward per rotated tensor (query, key): negate, concatenate,
+/// two products, sum, concatenate.
+pub const ROTARY_UNFUSED_KERNELS: f64 = 6.0;
+/// The eager clamp in front of a clamped GLU (`fused_bias_geglu.py`,
+/// `weighted_bias_quick_geglu_impl`: `chunk`, two `clamp`s, `cat`), bytes per element of the
+/// activation's output width F (the first projection is 2F wide): forward the two clamps read
+/// and write F each and the concatenation 2F (16 bytes), backward each clamp's gradient reads
+/// the gradient and the input and writes F, and the chunk's gradient is a concatenation of 2F
+/// (20 bytes); charged as a memory op of a third of the 36 (its backward at
+/// [`MEMORY_BWD_BYTES`]). A recompute of the activation reruns the forward's 16.
+pub const CLAMP_BYTES_PER_WIDTH: f64 = 12.0;
+pub const CLAMP_FORWARD_BYTES_PER_WIDTH: f64 = 16.0;
+/// Kernels of the clamp's forward: two clamps and the concatenation.
+pub const CLAMP_KERNELS: f64 = 3.0;
+/// The routed experts' second-projection bias weighted by the routing probability, which
+/// Megatron-Core's `TEGroupedMLP._apply_bias` adds per local expert in Python
+/// (`experts.py`: `cat([t + b * p for each expert's split])`, then a cast to the activation
+/// dtype), bytes per routed token copy and hidden element over forward and backward. BF16
+/// probabilities: forward `b * p` written (2), the sum reads 4 and writes 2, the concatenation
+/// reads and writes 4 (12); backward about 16 (the gradients of the sum, of `b` and of `p`):
+/// 28. FP32 probabilities (the flex dispatchers cast them, `token_dispatcher.py`: "DeepEP /
+/// HybridEP only supports float32 probs"; or `routerDtype` fp32): the products, sums and the
+/// concatenation in FP32 and a cast back, forward 28, backward about 40: 68. Charged as a
+/// memory op of a third (its backward at [`MEMORY_BWD_BYTES`]).
+pub const EXPERT_BIAS_BF16_BYTES: f64 = 28.0;
+pub const EXPERT_BIAS_FP32_BYTES: f64 = 68.0;
 /// Kernels of the fused cross-entropy's forward.
 pub const LOSS_FUSED_KERNELS: f64 = 4.0;
 /// Kernels of the unfused cross-entropy's forward (cast, max, subtract, gather, exp, sum,
@@ -173,6 +208,16 @@ impl Op {
     pub fn in_part(mut self, part: Part) -> Op {
         self.part = part;
         self
+    }
+
+    /// The same op issued as single PyTorch element-wise calls (a few microseconds of host
+    /// time each), not the framework-level calls `cpuLaunchUs` prices: GPU time and kernel
+    /// overhead, no host time in the MoE layer's host-bound sections.
+    pub fn eager(self) -> Op {
+        Op {
+            host_ops: 0.0,
+            ..self
+        }
     }
 
     /// A memory-bound op moving `bytes` forward in `kernels` kernels.

@@ -1021,6 +1021,10 @@ impl MegatronArgs {
             moe,
             mla,
             mtp_layers: self.num(flag::MTP_LAYERS)?.unwrap_or(0),
+            // Model-config fields with no command-line flag (set by Megatron-Bridge's
+            // providers), like the attention sinks and window above.
+            activation_clamp: false,
+            yarn_scaling_factor: None,
         }))
     }
 }

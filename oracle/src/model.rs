@@ -153,6 +153,19 @@ pub struct ModelCard {
     /// Multi-token-prediction layers (DeepSeek-V3: 1); not counted in the headline size.
     #[serde(default)]
     pub mtp_layers: u32,
+    /// The gated activation's inputs are clamped (gpt-oss: Megatron-Core
+    /// `TransformerConfig.activation_func_clamp_value` 7.0, set by Megatron-Bridge's gpt-oss
+    /// provider). Megatron runs the clamp as eager kernels in front of its compiled GLU
+    /// (`fusions/fused_bias_geglu.py`, `weighted_bias_quick_geglu_impl`); time only.
+    #[serde(default)]
+    pub activation_clamp: bool,
+    /// YaRN scaling factor of the rotary embedding of standard (non-MLA) attention with no
+    /// mscale pair (gpt-oss: 32, `yarn_rotary_scaling_factor`); absent for plain RoPE. Its
+    /// concentration factor 0.1 ln(s) + 1 is not 1, which Transformer Engine's fused RoPE
+    /// does not take (`rope_utils.py`: `mscale != 1.0` -> unfused), so the rotary runs as
+    /// eager kernels; time only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yarn_scaling_factor: Option<u32>,
 }
 
 /// The card's sizes, bounded (one row per field; [`bounds`] checks them and writes them into
@@ -179,6 +192,9 @@ impl Bounded for ModelCard {
             m.full_attention_every.into()
         }),
         Bound::int("mtpLayers", 0, limits::MTP_LAYERS, |m| m.mtp_layers.into()),
+        Bound::int("yarnScalingFactor", 1, limits::YARN_SCALING, |m| {
+            m.yarn_scaling_factor.into()
+        }),
     ];
 
     fn check_bounds(&self, at: &str) -> Result<(), FieldError> {
@@ -406,6 +422,14 @@ impl ModelCard {
             Activation::Swiglu => 2 * f,
             Activation::Gelu => f,
         }
+    }
+
+    /// Whether the standard attention's rotary embedding runs as eager kernels: YaRN whose
+    /// concentration factor 0.1 ln(s) + 1 is not 1 (`yarn_rotary_pos_embedding.py`,
+    /// `_yarn_get_concentration_factor` with no mscale pair), which Transformer Engine's fused
+    /// RoPE does not take (`rope_utils.py`). MLA applies its own rotary.
+    pub fn unfused_rotary(&self) -> bool {
+        self.mla.is_none() && self.yarn_scaling_factor.is_some_and(|s| s > 1)
     }
 
     /// Shared experts' total FFN width (n_shared x their FFN size); 0 without shared experts.

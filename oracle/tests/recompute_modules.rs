@@ -275,18 +275,22 @@ fn the_recomputed_forward_is_added_to_the_backward_and_not_to_model_flops() {
     };
     // moe_act by hand: every MoE layer reruns the experts' SwiGLU on the routed copies
     // reaching this GPU (4096 tokens x top-4, the busiest of 8 EP ranks of 16 experts:
-    // 1 + cv / sqrt(16) * sqrt(2 ln 8), cv the expert-load spread, 0.25: 1.1274...), reading gate
+    // 1 + cv / sqrt(16) * sqrt(2 ln 8), cv the expert-load spread MOE_EXPERT_LOAD_CV), reading gate
     // and up (2f) and writing f, 2 bytes
     // each: routed * 3 * 2880 * 2 bytes, at the profile's memory-bound bandwidth, plus one
-    // launch per local expert (gpt-oss has expert biases: Megatron's SequentialMLP).
+    // launch per local expert (Megatron's SequentialMLP, the layout's default); and the
+    // eager clamp in front of it (gpt-oss's clamped GLU, `fused_bias_geglu.py`): two clamps
+    // reading and writing f each and the concatenation 2f, routed * 8 * 2880 * 2 bytes, three
+    // kernels per local expert.
     let l = with(Some(vec![MoeAct]), Recompute::Selective);
     let tl = projection::timeline(&s, &l).unwrap();
     let imbalance =
         1.0 + primus_oracle::compute::MOE_EXPERT_LOAD_CV / 16f64.sqrt() * (2.0 * 8f64.ln()).sqrt();
     let routed = 4096.0 * 4.0 * imbalance;
-    let bytes = routed * 3.0 * 2880.0 * 2.0;
+    let bytes = routed * 3.0 * 2880.0 * 2.0 + routed * 8.0 * 2880.0 * 2.0;
     let e = &hw.efficiency;
-    let one = bytes / (hw.memory_bandwidth() * e.memory_bound) + 16.0 * e.kernel_overhead_us * 1e-6;
+    let one = bytes / (hw.memory_bandwidth() * e.memory_bound)
+        + (16.0 + 3.0 * 16.0) * e.kernel_overhead_us * 1e-6;
     let want = layers * one;
     assert!(
         (tl.recompute[0] - want).abs() <= 1e-12 * want,

@@ -26,6 +26,7 @@
 use super::*;
 use crate::layout::{GroupedGemm, Layout, TokenDispatcher};
 use crate::model::MoeConfig;
+use crate::units::FP32_BYTES;
 
 /// Host launches of one linear of one expert in Megatron's SequentialMLP: slice the expert's
 /// tokens, the GEMM, the bias add, and the copy back into the output.
@@ -206,6 +207,7 @@ pub(super) fn moe_ops(
     let load = tokens_per_expert * local / d.routed_tokens(k).max(f64::MIN_POSITIVE);
     push_experts(card, d, moe, tokens_per_expert, local, load, ops);
     push_permutation(card, d, moe, routed, local, ops);
+    push_eager_expert_work(card, d, moe, routed, local, ops);
     let shared = card.shared_expert_ffn() as f64;
     if shared > 0.0 {
         let fc1s = card.mlp_fc1_width(card.shared_expert_ffn()) as f64 / t;
@@ -252,6 +254,64 @@ fn push_experts(
     }
     ops.push(fc1_op);
     ops.push(fc2_op);
+}
+
+/// The experts' element-wise work that gpt-oss-style cards add and Megatron runs as eager
+/// PyTorch kernels on the busiest rank's routed copies: the clamp in front of a clamped GLU
+/// ([`CLAMP_BYTES_PER_WIDTH`]), and with expert biases under Transformer Engine's grouped
+/// linear the probability-weighted second-projection bias added per local expert
+/// ([`EXPERT_BIAS_BF16_BYTES`], [`EXPERT_BIAS_FP32_BYTES`]; two kernels per expert and a
+/// concatenation and cast). The legacy grouped GEMM takes no bias (a layout rule) and the
+/// sequential MLP adds it inside each expert's linear. Eager calls: no host time
+/// ([`Op::eager`]).
+fn push_eager_expert_work(
+    card: &ModelCard,
+    d: &Dims,
+    moe: &MoeConfig,
+    routed: f64,
+    local: f64,
+    ops: &mut OpList,
+) {
+    let x = &d.moe;
+    if card.activation_clamp {
+        let fe = moe.moe_ffn_hidden_size as f64 / d.etp;
+        ops.push(
+            Op::memory(
+                "moe_act_clamp",
+                routed * fe * CLAMP_BYTES_PER_WIDTH,
+                clamp_kernels(x, local),
+            )
+            .eager()
+            .in_part(Part::Experts),
+        );
+    }
+    if card.mlp_bias && x.grouped_gemm == GroupedGemm::Grouped {
+        let h = card.hidden_size as f64;
+        let fp32_probs = x.dispatcher == TokenDispatcher::Flex || x.router_bytes >= FP32_BYTES;
+        let per_element = if fp32_probs {
+            EXPERT_BIAS_FP32_BYTES
+        } else {
+            EXPERT_BIAS_BF16_BYTES
+        };
+        ops.push(
+            Op::memory(
+                "experts_fc2_bias",
+                routed * h * per_element / 3.0,
+                2.0 * local + 2.0,
+            )
+            .eager()
+            .in_part(Part::Experts),
+        );
+    }
+}
+
+/// Kernels of the experts' clamp: per local expert under Megatron's SequentialMLP, which runs
+/// the activation per expert, else once over all routed copies.
+pub fn clamp_kernels(x: &MoeExec, local: f64) -> f64 {
+    match x.grouped_gemm {
+        GroupedGemm::Sequential => CLAMP_KERNELS * local,
+        _ => CLAMP_KERNELS,
+    }
 }
 
 /// The token permutation on the source side (before the dispatch, after the combine) and on

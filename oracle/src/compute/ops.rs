@@ -193,6 +193,18 @@ fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList
         ew.bytes += tok * 2.0 * (heads + kv_heads) * dqk / t * ACT_BYTES;
         ew.kernels += 2.0;
     }
+    if card.unfused_rotary() {
+        // Eager rotary: ROTARY_UNFUSED_EXTRA_BYTES more per rotated element of the local
+        // query and key heads.
+        ops.push(
+            Op::memory(
+                "rotary_unfused",
+                tok * (heads + kv_heads) * rope_dim / t * ROTARY_UNFUSED_EXTRA_BYTES,
+                2.0 * ROTARY_UNFUSED_KERNELS,
+            )
+            .eager(),
+        );
+    }
     ew
 }
 
@@ -286,6 +298,17 @@ fn dense_mlp_ops(card: &ModelCard, d: &Dims, ops: &mut OpList, ew: &mut Elementw
     ops.push(Op::gemm("fc2", tok, h, f / t, 1.0, true).in_part(Part::Mlp));
     ew.bytes += tok * activation_bytes_per_width(card, f / t) * ACT_BYTES;
     ew.kernels += 1.0;
+    if card.activation_clamp {
+        ops.push(
+            Op::memory(
+                "mlp_act_clamp",
+                tok * f / t * CLAMP_BYTES_PER_WIDTH,
+                CLAMP_KERNELS,
+            )
+            .eager()
+            .in_part(Part::Mlp),
+        );
+    }
 }
 
 /// The selective-recompute modules whose checkpoint reruns the whole of a [`layer_ops`] op, by
@@ -305,7 +328,9 @@ pub fn recomputed_by(name: &str) -> ModuleSet {
         | "experts_fc1"
         | "experts_fc2"
         | "moe_permute"
-        | "moe_expert_elementwise" => ModuleSet::of(&[Moe]),
+        | "moe_expert_elementwise"
+        | "moe_act_clamp"
+        | "experts_fc2_bias" => ModuleSet::of(&[Moe]),
         "shared_fc1" | "shared_fc2" => ModuleSet::of(&[Moe, SharedExperts]),
         _ => ModuleSet::EMPTY,
     }
@@ -387,6 +412,18 @@ pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleS
                 )
                 .in_part(Part::Experts);
                 out.push(op);
+                if card.activation_clamp {
+                    // The clamp in front of it reruns too (forward bytes only).
+                    out.push(
+                        Op::memory(
+                            "moe_act_clamp_recompute",
+                            routed * fe / d.etp * CLAMP_FORWARD_BYTES_PER_WIDTH,
+                            clamp_kernels(&d.moe, local),
+                        )
+                        .eager()
+                        .in_part(Part::Experts),
+                    );
+                }
             }
         }
         _ => {
@@ -398,6 +435,17 @@ pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleS
                     d.tokens() * act_bytes_per_width(f / t) * ACT_BYTES,
                     1.0,
                 ));
+                if card.activation_clamp {
+                    out.push(
+                        Op::memory(
+                            "mlp_act_clamp_recompute",
+                            d.tokens() * f / t * CLAMP_FORWARD_BYTES_PER_WIDTH,
+                            CLAMP_KERNELS,
+                        )
+                        .eager()
+                        .in_part(Part::Mlp),
+                    );
+                }
             }
         }
     }
