@@ -156,7 +156,8 @@ pub struct ModelCard {
     /// The gated activation's inputs are clamped (gpt-oss: Megatron-Core
     /// `TransformerConfig.activation_func_clamp_value` 7.0, set by Megatron-Bridge's gpt-oss
     /// provider). Megatron runs the clamp as eager kernels in front of its compiled GLU
-    /// (`fusions/fused_bias_geglu.py`, `weighted_bias_quick_geglu_impl`); time only.
+    /// (`fusions/fused_bias_geglu.py`, `weighted_bias_quick_geglu_impl`): their time, and a
+    /// second saved copy of the activation's input unless `moe_act` is recomputed.
     #[serde(default)]
     pub activation_clamp: bool,
     /// YaRN scaling factor of the rotary embedding of standard (non-MLA) attention with no

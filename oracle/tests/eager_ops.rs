@@ -150,3 +150,29 @@ fn other_cards_get_none_of_them() {
         }
     }
 }
+
+#[test]
+fn a_clamped_glu_keeps_its_input_twice_unless_moe_act_is_recomputed() {
+    use primus_oracle::memory::{Keep, MemoryOptions, layer_activation_bytes};
+    let clamped = scenario("gpt-oss-120b");
+    let mut plain = clamped.clone();
+    plain.model.activation_clamp = false;
+    let l = Layout {
+        ep: 8,
+        ..Layout::default()
+    };
+    let opts = MemoryOptions::default();
+    let bytes = |s: &Scenario, keep: Keep| {
+        layer_activation_bytes(s, &l, &opts, LayerKind::Moe, keep) / s.training.seq_length as f64
+    };
+    // Per token: top-4 copies x the first projection's output again (2 x 2880 elements, 2
+    // bytes) = 46,080 bytes (the eager clamps keep it, the compiled GLU keeps the clamped
+    // concatenation).
+    assert_eq!(
+        bytes(&clamped, Keep::All) - bytes(&plain, Keep::All),
+        46_080.0
+    );
+    // `moe_act` reruns the clamps inside its checkpoint: no second copy.
+    let moe_act = Keep::Modules(ModuleSet::of(&[RecomputeModule::MoeAct]));
+    assert_eq!(bytes(&clamped, moe_act), bytes(&plain, moe_act));
+}

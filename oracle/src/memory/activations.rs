@@ -349,14 +349,19 @@ fn moe_terms(
     let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
     // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
     // fc2's original input, so nothing remains under FP8 either).
-    let act_out = if rc.contains(RecomputeModule::MoeAct) {
-        0.0
+    // A clamped GLU (`activationClamp`, gpt-oss) saves its input twice: the eager clamps
+    // keep the first projection's output for their masks and the compiled GLU keeps the
+    // clamped concatenation (`fused_bias_geglu.py`, `weighted_bias_quick_geglu_impl`):
+    // another act_in per copy, unless `moe_act` recomputes the activation (the clamps run
+    // inside its checkpoint, whose input is the one act_in above).
+    let (act_out, clamped) = if rc.contains(RecomputeModule::MoeAct) {
+        (0.0, 0.0)
     } else {
-        act_out
+        (act_out, clamp_copy(card, act_in))
     };
     let fc1_input = lin * h * experts.etp.max(1) as f64;
     let prob = FP32_BYTES;
-    t.expert += copies * (fc1_input + act_in + act_out + prob);
+    t.expert += copies * (fc1_input + act_in + clamped + act_out + prob);
 }
 
 /// The dense MLP's terms after its norm.
@@ -370,7 +375,13 @@ fn dense_mlp_terms(t: &mut ActivationTerms, card: &ModelCard, rc: ModuleSet, lin
     let mlp_input = lin * card.hidden_size as f64;
     let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
     t.seq += mlp_input;
-    t.tensor += act_in + act_out;
+    t.tensor += act_in + clamp_copy(card, act_in) + act_out;
+}
+
+/// The second copy of the activation's input a clamped GLU keeps (see [`moe_terms`]): `act_in`
+/// with `activationClamp`, else 0.
+fn clamp_copy(card: &ModelCard, act_in: f64) -> f64 {
+    if card.activation_clamp { act_in } else { 0.0 }
 }
 
 /// Per-token bytes a layer still holds while its weight-gradient (W) pass is deferred by a
