@@ -296,7 +296,7 @@ fn push_eager_expert_work(
         ops.push(
             Op::memory(
                 "experts_fc2_bias",
-                routed * h * per_element / 3.0,
+                routed * h * per_element / (1.0 + MEMORY_BWD_BYTES),
                 2.0 * local + 2.0,
             )
             .eager()
