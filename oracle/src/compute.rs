@@ -54,9 +54,9 @@ pub const LOSS_UNFUSED_BYTES: f64 = 52.0 / 3.0;
 /// negates and concatenates the rotated halves, multiplies by the cosine and the sine, adds
 /// and concatenates with the pass-through part (12 reads and writes of 2 bytes: 24), the
 /// backward as many (24); the fused kernel reads and writes once each way (4 + 8 as a memory
-/// op): 36 more, charged as a memory op of 12 forward bytes (its backward at
-/// [`MEMORY_BWD_BYTES`]).
-pub const ROTARY_UNFUSED_EXTRA_BYTES: f64 = 12.0;
+/// op): 36 more, charged as one memory op (its backward at [`MEMORY_BWD_BYTES`]): 36 / 3
+/// forward.
+pub const ROTARY_UNFUSED_EXTRA_BYTES: f64 = 36.0 / 3.0;
 /// Kernels of the eager rotary's forward per rotated tensor (query, key): negate, concatenate,
 /// two products, sum, concatenate.
 pub const ROTARY_UNFUSED_KERNELS: f64 = 6.0;
@@ -65,9 +65,9 @@ pub const ROTARY_UNFUSED_KERNELS: f64 = 6.0;
 /// activation's output width F (the first projection is 2F wide): forward the two clamps read
 /// and write F each and the concatenation 2F (16 bytes), backward each clamp's gradient reads
 /// the gradient and the input and writes F, and the chunk's gradient is a concatenation of 2F
-/// (20 bytes); charged as a memory op of a third of the 36 (its backward at
-/// [`MEMORY_BWD_BYTES`]). A recompute of the activation reruns the forward's 16.
-pub const CLAMP_BYTES_PER_WIDTH: f64 = 12.0;
+/// (20 bytes); charged as one memory op (its backward at [`MEMORY_BWD_BYTES`]): 36 / 3
+/// forward. A recompute of the activation reruns the forward's 16.
+pub const CLAMP_BYTES_PER_WIDTH: f64 = 36.0 / 3.0;
 pub const CLAMP_FORWARD_BYTES_PER_WIDTH: f64 = 16.0;
 /// Kernels of the clamp's forward: two clamps and the concatenation.
 pub const CLAMP_KERNELS: f64 = 3.0;
@@ -79,10 +79,10 @@ pub const CLAMP_KERNELS: f64 = 3.0;
 /// reads and writes 4 (12); backward about 16 (the gradients of the sum, of `b` and of `p`):
 /// 28. FP32 probabilities (the flex dispatchers cast them, `token_dispatcher.py`: "DeepEP /
 /// HybridEP only supports float32 probs"; or `routerDtype` fp32): the products, sums and the
-/// concatenation in FP32 and a cast back, forward 28, backward about 40: 68. Charged as a
-/// memory op of a third (its backward at [`MEMORY_BWD_BYTES`]).
-pub const EXPERT_BIAS_BF16_BYTES: f64 = 28.0;
-pub const EXPERT_BIAS_FP32_BYTES: f64 = 68.0;
+/// concatenation in FP32 and a cast back, forward 28, backward about 40: 68. Charged as one
+/// memory op (its backward at [`MEMORY_BWD_BYTES`]): a third of each, forward.
+pub const EXPERT_BIAS_BF16_BYTES: f64 = 28.0 / 3.0;
+pub const EXPERT_BIAS_FP32_BYTES: f64 = 68.0 / 3.0;
 /// Kernels of the fused cross-entropy's forward.
 pub const LOSS_FUSED_KERNELS: f64 = 4.0;
 /// Kernels of the unfused cross-entropy's forward (cast, max, subtract, gather, exp, sum,

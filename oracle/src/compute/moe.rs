@@ -275,15 +275,13 @@ fn push_eager_expert_work(
     let x = &d.moe;
     if card.activation_clamp {
         let fe = moe.moe_ffn_hidden_size as f64 / d.etp;
-        ops.push(
-            Op::memory(
-                "moe_act_clamp",
-                routed * fe * CLAMP_BYTES_PER_WIDTH,
-                clamp_kernels(x, local),
-            )
-            .eager()
-            .in_part(Part::Experts),
-        );
+        ops.push(clamp_op(
+            "moe_act_clamp",
+            routed * fe,
+            clamp_kernels(x, local),
+            Part::Experts,
+            false,
+        ));
     }
     if card.mlp_bias && x.grouped_gemm == GroupedGemm::Grouped {
         let h = card.hidden_size as f64;
@@ -296,13 +294,33 @@ fn push_eager_expert_work(
         ops.push(
             Op::memory(
                 "experts_fc2_bias",
-                routed * h * per_element / (1.0 + MEMORY_BWD_BYTES),
+                routed * h * per_element,
                 2.0 * local + 2.0,
             )
             .eager()
             .in_part(Part::Experts),
         );
     }
+}
+
+/// The eager clamp of a clamped GLU over `elements` of the activation's output width, in
+/// `part`: timed over forward and backward ([`CLAMP_BYTES_PER_WIDTH`]), or, for a recompute,
+/// its forward rerun ([`CLAMP_FORWARD_BYTES_PER_WIDTH`]).
+pub(super) fn clamp_op(
+    name: &'static str,
+    elements: f64,
+    kernels: f64,
+    part: Part,
+    recompute: bool,
+) -> Op {
+    let per_width = if recompute {
+        CLAMP_FORWARD_BYTES_PER_WIDTH
+    } else {
+        CLAMP_BYTES_PER_WIDTH
+    };
+    Op::memory(name, elements * per_width, kernels)
+        .eager()
+        .in_part(part)
 }
 
 /// Kernels of the experts' clamp: per local expert under Megatron's SequentialMLP, which runs

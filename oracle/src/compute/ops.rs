@@ -299,15 +299,13 @@ fn dense_mlp_ops(card: &ModelCard, d: &Dims, ops: &mut OpList, ew: &mut Elementw
     ew.bytes += tok * activation_bytes_per_width(card, f / t) * ACT_BYTES;
     ew.kernels += 1.0;
     if card.activation_clamp {
-        ops.push(
-            Op::memory(
-                "mlp_act_clamp",
-                tok * f / t * CLAMP_BYTES_PER_WIDTH,
-                CLAMP_KERNELS,
-            )
-            .eager()
-            .in_part(Part::Mlp),
-        );
+        ops.push(clamp_op(
+            "mlp_act_clamp",
+            tok * f / t,
+            CLAMP_KERNELS,
+            Part::Mlp,
+            false,
+        ));
     }
 }
 
@@ -414,15 +412,13 @@ pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleS
                 out.push(op);
                 if card.activation_clamp {
                     // The clamp in front of it reruns too (forward bytes only).
-                    out.push(
-                        Op::memory(
-                            "moe_act_clamp_recompute",
-                            routed * fe / d.etp * CLAMP_FORWARD_BYTES_PER_WIDTH,
-                            clamp_kernels(&d.moe, local),
-                        )
-                        .eager()
-                        .in_part(Part::Experts),
-                    );
+                    out.push(clamp_op(
+                        "moe_act_clamp_recompute",
+                        routed * fe / d.etp,
+                        clamp_kernels(&d.moe, local),
+                        Part::Experts,
+                        true,
+                    ));
                 }
             }
         }
@@ -436,15 +432,13 @@ pub fn recompute_ops(card: &ModelCard, d: &Dims, shape: LayerShape, set: ModuleS
                     1.0,
                 ));
                 if card.activation_clamp {
-                    out.push(
-                        Op::memory(
-                            "mlp_act_clamp_recompute",
-                            d.tokens() * f / t * CLAMP_FORWARD_BYTES_PER_WIDTH,
-                            CLAMP_KERNELS,
-                        )
-                        .eager()
-                        .in_part(Part::Mlp),
-                    );
+                    out.push(clamp_op(
+                        "mlp_act_clamp_recompute",
+                        d.tokens() * f / t,
+                        CLAMP_KERNELS,
+                        Part::Mlp,
+                        true,
+                    ));
                 }
             }
         }
