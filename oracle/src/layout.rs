@@ -10,6 +10,7 @@ use crate::error::FieldError;
 mod exec;
 mod memory_options;
 mod moe;
+mod offload;
 mod pipeline;
 mod recompute;
 mod rules;
@@ -22,8 +23,9 @@ pub use moe::{
     Dispatch, Factor, FlexBackend, GroupedGemm, LoadBalancing, MAX_FLEX_NUM_SMS, MoeOptions,
     RouterDtype, TokenDispatcher,
 };
+pub use offload::{OffloadModule, OffloadSet};
 pub use pipeline::{PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout};
-pub use recompute::{ModuleSet, RecomputeModule};
+pub use recompute::{ModuleSet, RecomputeModule, SubmoduleName, Submodules};
 pub use rules::{Broken, LayoutError, MAX_CAPACITY_FACTOR, RuleId};
 
 use memory_options::{
@@ -254,6 +256,12 @@ pub struct Layout {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[cfg_attr(feature = "schema", schemars(extend("default" = 0)))]
     pub activation_offload_layers: u32,
+    /// Fine-grained activation offloading (`--fine-grained-activation-offloading
+    /// --offload-modules ...`): the submodules whose saved activations go to the host
+    /// (attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act); absent =
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_modules: Option<Vec<OffloadModule>>,
     /// FP8 parameters (`--fp8-param-gather`): GEMM weights stored in FP8 (and gathered in
     /// FP8), with no BF16 weight beside the FP8 copy.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -306,6 +314,7 @@ impl Default for Layout {
             optimizer_cpu_offload: false,
             optimizer_offload_fraction: full_fraction(),
             activation_offload_layers: 0,
+            offload_modules: None,
             fp8_param_gather: false,
             expandable_segments: false,
         }
@@ -341,6 +350,11 @@ impl Bounded for Layout {
         }),
         Bound::int("activationOffloadLayers", 0, limits::LAYERS, |l| {
             l.activation_offload_layers.into()
+        }),
+        Bound::items("offloadModules", limits::MODULES, |l| {
+            l.offload_modules
+                .as_ref()
+                .map_or(Seen::Absent, |m| Seen::Items(m.len()))
         }),
         Bound::matching(
             "pipelineLayout",

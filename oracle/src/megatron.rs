@@ -14,8 +14,8 @@ pub use moe::moe_flag;
 
 use crate::error::FieldError;
 use crate::layout::{
-    CrossEntropyFusion, Fraction, Layout, MEGATRON_DROPOUT, OptimizerDtype, Recompute,
-    RecomputeModule, Schedule,
+    CrossEntropyFusion, Fraction, Layout, MEGATRON_DROPOUT, OffloadModule, OffloadSet,
+    OptimizerDtype, Recompute, RecomputeModule, Schedule,
 };
 use crate::model::{Activation, MlaConfig, ModelCard, MoeConfig, Norm};
 use crate::parse::quote;
@@ -94,6 +94,10 @@ pub mod flag {
     /// Layer-level activation offload (TransformerConfig `cpu_offloading_num_layers`; a
     /// positive value turns `cpu_offloading` on).
     pub const CPU_OFFLOADING_NUM_LAYERS: &str = "--cpu-offloading-num-layers";
+    /// Fine-grained activation offloading (TransformerConfig
+    /// `fine_grained_activation_offloading`, `offload_modules`).
+    pub const FINE_GRAINED_OFFLOAD: &str = "--fine-grained-activation-offloading";
+    pub const OFFLOAD_MODULES: &str = "--offload-modules";
     pub const FP8_PARAM_GATHER: &str = "--fp8-param-gather";
     /// The fused vocab-parallel cross-entropy, and which implementation (`native`, `te`).
     pub const CE_FUSION: &str = "--cross-entropy-loss-fusion";
@@ -150,10 +154,13 @@ pub fn with_expandable_segments(conf: &str, on: bool) -> String {
 /// job carrying one is admitted with a warning naming it, never denied on memory.
 pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
     (
-        "--fine-grained-activation-offloading",
-        "fine-grained activation offloading",
+        "--activation-offload-fraction",
+        "a partial fine-grained activation offload",
     ),
-    ("--offload-modules", "fine-grained activation offloading"),
+    (
+        "--delta-offload-bytes-across-pp-ranks",
+        "a fine-grained activation offload that varies over pipeline ranks",
+    ),
     ("--cpu-offloading-weights", "weight offloading"),
     ("--cuda-graph-impl", "CUDA-graph memory pools"),
     ("--enable-cuda-graph", "CUDA-graph memory pools"),
@@ -182,7 +189,7 @@ const SWITCHES: &[&str] = &[
     flag::PRECISION_AWARE_OPTIMIZER,
     flag::OPTIMIZER_CPU_OFFLOAD,
     flag::FP8_PARAM_GATHER,
-    "--fine-grained-activation-offloading",
+    flag::FINE_GRAINED_OFFLOAD,
     "--cpu-offloading-weights",
     "--enable-cuda-graph",
     "--external-cuda-graph",
@@ -343,6 +350,12 @@ fn memory_option_args(l: &Layout, a: &mut Vec<String>) {
             l.activation_offload_layers.to_string(),
         );
     }
+    let offload = l.offload_set();
+    if !offload.is_empty() {
+        a.push(flag::FINE_GRAINED_OFFLOAD.into());
+        a.push(flag::OFFLOAD_MODULES.into());
+        a.extend(offload.iter().map(|m| m.as_str().to_string()));
+    }
     if l.precision_aware_optimizer {
         a.push(flag::PRECISION_AWARE_OPTIMIZER.into());
     }
@@ -485,7 +498,16 @@ pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
 ];
 
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
-pub const LISTS: &[&str] = &[flag::RECOMPUTE_MODULES, moe_flag::CUDA_GRAPH_MODULES];
+pub const LISTS: &[&str] = &[
+    flag::RECOMPUTE_MODULES,
+    moe_flag::CUDA_GRAPH_MODULES,
+    flag::OFFLOAD_MODULES,
+];
+
+/// Megatron's offload module names the memory model does not represent (Transformer Engine's
+/// fused grouped MLP, GatedDeltaProduct mixers): a job offloading them is admitted with a
+/// warning, and the other names are modelled.
+pub const UNMODELLED_OFFLOAD_MODULES: &[&str] = &["fused_group_mlp", "gdp_qkv"];
 
 /// Flags found in a command line: flag -> value (None for switches; the words of a list flag
 /// joined by single spaces). The last occurrence wins, as with argparse.
@@ -881,6 +903,7 @@ impl MegatronArgs {
         l.optimizer_offload_fraction =
             fraction(flag::OPTIMIZER_OFFLOAD_FRACTION)?.unwrap_or(Fraction::ONE);
         l.activation_offload_layers = self.num(flag::CPU_OFFLOADING_NUM_LAYERS)?.unwrap_or(0);
+        l.offload_modules = self.offload_modules()?;
         l.fp8_param_gather = self.has(flag::FP8_PARAM_GATHER);
         // Without the fusion flag Megatron computes the loss unfused, whatever the impl says
         // (argparse still judges the impl's value).
@@ -903,14 +926,69 @@ impl MegatronArgs {
         Ok(())
     }
 
+    /// `--offload-modules` under `--fine-grained-activation-offloading` (Megatron reads the list
+    /// only with the switch): the modelled names, in Megatron's order (None without the switch
+    /// or with only unmodelled names, [`UNMODELLED_OFFLOAD_MODULES`]); an unknown name is an
+    /// error.
+    fn offload_modules(&self) -> Result<Option<Vec<OffloadModule>>, FieldError> {
+        if !self.has(flag::FINE_GRAINED_OFFLOAD) {
+            return Ok(None);
+        }
+        let mut modules = Vec::new();
+        for w in self
+            .get(flag::OFFLOAD_MODULES)
+            .unwrap_or("")
+            .split_whitespace()
+        {
+            if UNMODELLED_OFFLOAD_MODULES.contains(&w) {
+                continue;
+            }
+            let m = OffloadModule::parse(w).ok_or_else(|| {
+                FieldError::new(
+                    flag::OFFLOAD_MODULES,
+                    format!(
+                        "{} is not an offload module ({})",
+                        quote(w),
+                        OffloadModule::ALL
+                            .map(|m| m.as_str())
+                            .iter()
+                            .chain(UNMODELLED_OFFLOAD_MODULES)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
+            if !modules.contains(&m) {
+                modules.push(m);
+            }
+        }
+        Ok((!modules.is_empty()).then(|| OffloadSet::of(&modules).to_vec()))
+    }
+
     /// The memory-relevant flags of [`UNMODELLED_MEMORY_FLAGS`] this command line carries (and
-    /// `--moe-token-dispatcher-type flex`), each with what it changes.
+    /// `--moe-token-dispatcher-type flex`, and offload modules the model does not represent),
+    /// each with what it changes.
     pub fn unmodelled_memory_flags(&self) -> Vec<(String, &'static str)> {
         let mut found: Vec<(String, &'static str)> = UNMODELLED_MEMORY_FLAGS
             .iter()
             .filter(|(f, _)| self.has(f) && self.get(f) != Some("none"))
             .map(|(f, what)| (f.to_string(), *what))
             .collect();
+        if self.has(flag::FINE_GRAINED_OFFLOAD) {
+            for w in self
+                .get(flag::OFFLOAD_MODULES)
+                .unwrap_or("")
+                .split_whitespace()
+            {
+                if UNMODELLED_OFFLOAD_MODULES.contains(&w) {
+                    found.push((
+                        format!("{} {w}", flag::OFFLOAD_MODULES),
+                        "offloading a module the memory model does not represent",
+                    ));
+                }
+            }
+        }
         if self.get("--moe-token-dispatcher-type") == Some("flex") {
             found.push((
                 "--moe-token-dispatcher-type flex".to_string(),

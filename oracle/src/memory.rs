@@ -55,7 +55,8 @@ mod stage;
 
 pub use activations::{
     ActivationTerms, Dropout, ExpertSide, Keep, MemoryOptions, deferred_wgrad_microbatches,
-    inflight_in_chunk, inflight_microbatches, layer_terms, wgrad_terms,
+    effective_offload, inflight_in_chunk, inflight_microbatches, layer_terms,
+    layer_terms_offloaded, wgrad_terms,
 };
 pub use band::{
     Band, JobKind, MEGATRON_DENSE_OVER, MEGATRON_DENSE_UNDER, MEGATRON_MOE_OVER,
@@ -66,6 +67,7 @@ pub use optimizer::{
     OPTIMIZER_STATE_BYTES, StateBytes, WEIGHT_BYTES, state_bytes,
 };
 use stage::Ctx;
+pub use stage::{ACTIVATION_OFFLOAD_RESIDENT_LAYERS, FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS};
 
 /// Megatron pads the vocabulary to a multiple of this times TP (`--make-vocab-size-divisible-by`).
 pub const VOCAB_PAD_MULTIPLE: u64 = 128;

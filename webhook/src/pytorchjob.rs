@@ -242,6 +242,7 @@ pub fn flag_for_field(field: &str) -> Option<&'static str> {
         "optimizerCpuOffload" => flag::OPTIMIZER_CPU_OFFLOAD,
         "optimizerOffloadFraction" => flag::OPTIMIZER_OFFLOAD_FRACTION,
         "activationOffloadLayers" => flag::CPU_OFFLOADING_NUM_LAYERS,
+        "offloadModules" => flag::OFFLOAD_MODULES,
         "fp8ParamGather" => flag::FP8_PARAM_GATHER,
         "expandableSegments" => "env PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF",
         "spec.training.globalBatchSize" => flag::GBS,

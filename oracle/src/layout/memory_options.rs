@@ -173,6 +173,7 @@ impl Layout {
         self.optimizer_cpu_offload = from.optimizer_cpu_offload;
         self.optimizer_offload_fraction = from.optimizer_offload_fraction;
         self.activation_offload_layers = from.activation_offload_layers;
+        self.offload_modules = from.offload_modules.clone();
         self.fp8_param_gather = from.fp8_param_gather;
         self.expandable_segments = from.expandable_segments;
         self.cross_entropy_fusion = from.cross_entropy_fusion;
@@ -196,6 +197,7 @@ impl Layout {
                 self.optimizer_cpu_offload,
                 self.optimizer_offload_fraction.get().to_bits(),
                 self.activation_offload_layers,
+                self.offload_set(),
                 self.fp8_param_gather,
                 self.expandable_segments,
                 self.cross_entropy_fusion,
@@ -230,6 +232,10 @@ impl Layout {
         }
         if self.activation_offload_layers > 0 {
             words.push(format!("act-offload({})", self.activation_offload_layers));
+        }
+        let offload = self.offload_set();
+        if !offload.is_empty() {
+            words.push(format!("offload({})", offload.label()));
         }
         if self.fp8_param_gather {
             words.push("fp8-params".to_string());
@@ -290,7 +296,8 @@ impl Layout {
                 );
             }
         }
-        self.check_activation_offload(s)
+        self.check_activation_offload(s)?;
+        self.check_offload_modules(s)
     }
 
     /// Dtype choices, and Megatron's rule that non-FP32 optimizer dtypes need the

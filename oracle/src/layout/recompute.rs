@@ -79,10 +79,6 @@ impl RecomputeModule {
             .into_iter()
             .find(|m| m.as_str() == name)
     }
-
-    fn bit(self) -> u8 {
-        1 << self as u8
-    }
 }
 
 impl std::fmt::Display for RecomputeModule {
@@ -91,39 +87,85 @@ impl std::fmt::Display for RecomputeModule {
     }
 }
 
-/// A set of recompute modules, as a bit set (cheap to copy through the tuner's hot loops).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct ModuleSet(u8);
+/// A Megatron submodule name list's element (`--recompute-modules`, `--offload-modules`): the
+/// names in Megatron's documentation order, as Megatron spells them.
+pub trait SubmoduleName: Copy + Eq + 'static {
+    /// Every name, in Megatron's documentation order (at most 8).
+    const ALL: &'static [Self];
+    /// What one name is, with its article, for errors (`a recompute module`).
+    const KIND: &'static str;
+    /// The name as Megatron spells it.
+    fn as_str(self) -> &'static str;
+    /// Its position in [`SubmoduleName::ALL`] (the bit of a set).
+    fn index(self) -> u8;
+}
+
+impl SubmoduleName for RecomputeModule {
+    const ALL: &'static [Self] = &RecomputeModule::ALL;
+    const KIND: &'static str = "a recompute module";
+    fn as_str(self) -> &'static str {
+        RecomputeModule::as_str(self)
+    }
+    fn index(self) -> u8 {
+        self as u8
+    }
+}
+
+/// A set of submodules, as a bit set (cheap to copy through the tuner's hot loops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Submodules<M>(u8, std::marker::PhantomData<M>);
+
+/// A set of recompute modules.
+pub type ModuleSet = Submodules<RecomputeModule>;
+
+impl<M> Default for Submodules<M> {
+    fn default() -> Self {
+        Submodules(0, std::marker::PhantomData)
+    }
+}
 
 impl ModuleSet {
-    /// No module.
-    pub const EMPTY: ModuleSet = ModuleSet(0);
     /// Megatron's default, `[core_attn]`.
-    pub const DEFAULT: ModuleSet = ModuleSet(1 << RecomputeModule::CoreAttn as u8);
+    pub const DEFAULT: ModuleSet = Submodules(
+        1 << RecomputeModule::CoreAttn as u8,
+        std::marker::PhantomData,
+    );
+}
+
+impl<M: SubmoduleName> Submodules<M> {
+    /// No module.
+    pub const EMPTY: Submodules<M> = Submodules(0, std::marker::PhantomData);
+
+    fn bit(m: M) -> u8 {
+        1 << m.index()
+    }
 
     /// The set of a list (duplicates collapse).
-    pub fn of(modules: &[RecomputeModule]) -> ModuleSet {
-        ModuleSet(modules.iter().fold(0, |acc, m| acc | m.bit()))
+    pub fn of(modules: &[M]) -> Submodules<M> {
+        Submodules(
+            modules.iter().fold(0, |acc, m| acc | Self::bit(*m)),
+            std::marker::PhantomData,
+        )
     }
 
-    pub fn contains(self, m: RecomputeModule) -> bool {
-        self.0 & m.bit() != 0
+    pub fn contains(self, m: M) -> bool {
+        self.0 & Self::bit(m) != 0
     }
 
-    pub fn with(self, m: RecomputeModule) -> ModuleSet {
-        ModuleSet(self.0 | m.bit())
+    pub fn with(self, m: M) -> Submodules<M> {
+        Submodules(self.0 | Self::bit(m), std::marker::PhantomData)
     }
 
-    pub fn union(self, o: ModuleSet) -> ModuleSet {
-        ModuleSet(self.0 | o.0)
+    pub fn union(self, o: Submodules<M>) -> Submodules<M> {
+        Submodules(self.0 | o.0, std::marker::PhantomData)
     }
 
     /// Whether every module of `self` is in `o`.
-    pub fn is_subset(self, o: ModuleSet) -> bool {
+    pub fn is_subset(self, o: Submodules<M>) -> bool {
         self.0 & !o.0 == 0
     }
 
-    pub fn intersects(self, o: ModuleSet) -> bool {
+    pub fn intersects(self, o: Submodules<M>) -> bool {
         self.0 & o.0 != 0
     }
 
@@ -136,14 +178,12 @@ impl ModuleSet {
     }
 
     /// The modules, in Megatron's documentation order.
-    pub fn iter(self) -> impl Iterator<Item = RecomputeModule> {
-        RecomputeModule::ALL
-            .into_iter()
-            .filter(move |m| self.contains(*m))
+    pub fn iter(self) -> impl Iterator<Item = M> {
+        M::ALL.iter().copied().filter(move |m| self.contains(*m))
     }
 
     /// The modules as a list, in Megatron's documentation order.
-    pub fn to_vec(self) -> Vec<RecomputeModule> {
+    pub fn to_vec(self) -> Vec<M> {
         self.iter().collect()
     }
 
@@ -156,23 +196,35 @@ impl ModuleSet {
     }
 
     /// Parse the compact form (`+`, `,` or spaces between names).
-    pub fn parse(text: &str) -> Result<ModuleSet, String> {
-        let mut set = ModuleSet::EMPTY;
+    pub fn parse(text: &str) -> Result<Submodules<M>, String> {
+        let mut set = Self::EMPTY;
         for name in text
             .split(|c: char| c == '+' || c == ',' || c.is_whitespace())
             .filter(|w| !w.is_empty())
         {
-            let m = RecomputeModule::parse(name).ok_or_else(|| {
-                format!(
-                    "{} is not a recompute module ({})",
-                    crate::parse::quote(name),
-                    RecomputeModule::ALL.map(|m| m.as_str()).join(", ")
-                )
-            })?;
+            let m = M::ALL
+                .iter()
+                .copied()
+                .find(|m| m.as_str() == name)
+                .ok_or_else(|| {
+                    format!(
+                        "{} is not {} ({})",
+                        crate::parse::quote(name),
+                        M::KIND,
+                        M::ALL
+                            .iter()
+                            .map(|m| m.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?;
             set = set.with(m);
         }
         if set.is_empty() {
-            return Err("names no recompute module".into());
+            return Err(format!(
+                "names no {}",
+                M::KIND.split_once(' ').map_or(M::KIND, |(_, k)| k)
+            ));
         }
         Ok(set)
     }

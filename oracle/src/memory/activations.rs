@@ -19,7 +19,9 @@
 //! MLP but its input, `moe` everything inside the MoE block but its input, `shared_experts` the
 //! shared experts' activations, `moe_act` the routed experts' activation output.
 
-use crate::layout::{Layout, ModuleSet, RecomputeModule, Schedule};
+use crate::layout::{
+    CudaGraphModule, Layout, ModuleSet, OffloadModule, OffloadSet, RecomputeModule, Schedule,
+};
 use crate::model::{Activation, LayerKind, MlaConfig, ModelCard, MoeConfig};
 use crate::precision::Precision;
 
@@ -110,6 +112,45 @@ impl ActivationTerms {
     }
 }
 
+/// A layer's terms as they are added: all of them, and those inside a fine-grained offload
+/// group the layout offloads (see [`crate::layout::OffloadModule`] for each group's tensors).
+struct Terms {
+    all: ActivationTerms,
+    moved: ActivationTerms,
+    offload: OffloadSet,
+}
+
+impl Terms {
+    /// The terms to add to: `moved` too when `group` is offloaded.
+    fn add(&mut self, group: Option<OffloadModule>, f: impl Fn(&mut ActivationTerms)) {
+        f(&mut self.all);
+        if group.is_some_and(|g| self.offload.contains(g)) {
+            f(&mut self.moved);
+        }
+    }
+}
+
+/// The offload modules that move tensors in this layout: the listed ones, less `attn_norm`
+/// under an `attn` CUDA graph and `mlp_norm` under an `attn` or `moe_router` one (Megatron
+/// disables them there: `transformer_layer.py`, `_set_offload_modules`).
+pub fn effective_offload(l: &Layout) -> OffloadSet {
+    let mut set = OffloadSet::EMPTY;
+    let g = &l.cuda_graph;
+    for m in l.offload_set().iter() {
+        let skipped = match m {
+            OffloadModule::AttnNorm => g.captures(CudaGraphModule::Attn),
+            OffloadModule::MlpNorm => {
+                g.captures(CudaGraphModule::Attn) || g.captures(CudaGraphModule::MoeRouter)
+            }
+            _ => false,
+        };
+        if !skipped {
+            set = set.with(m);
+        }
+    }
+    set
+}
+
 /// How a layer's activations are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
@@ -196,27 +237,63 @@ pub fn layer_terms(
     opts: &MemoryOptions,
     dropout: Dropout,
 ) -> ActivationTerms {
+    let (all, _) = layer_terms_offloaded(
+        card,
+        kind,
+        keep,
+        experts,
+        precision,
+        opts,
+        dropout,
+        OffloadSet::EMPTY,
+    );
+    all
+}
+
+/// [`layer_terms`], and of them the terms inside the fine-grained offload groups of `offload`
+/// ([`effective_offload`]), which Megatron copies to the host: (all, offloaded). Tensors below
+/// Megatron's `min_offloaded_tensor_size` (1M elements) stay: the softmax statistics and the
+/// routing probabilities, a few hundred bytes per token, are counted as kept.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_terms_offloaded(
+    card: &ModelCard,
+    kind: LayerKind,
+    keep: Keep,
+    experts: ExpertSide,
+    precision: Precision,
+    opts: &MemoryOptions,
+    dropout: Dropout,
+    offload: OffloadSet,
+) -> (ActivationTerms, ActivationTerms) {
     let lin = linear_input_bytes(precision);
     let h = card.hidden_size as f64;
-    let mut t = ActivationTerms::default();
+    let mut t = Terms {
+        all: ActivationTerms::default(),
+        moved: ActivationTerms::default(),
+        offload,
+    };
     if keep == Keep::Input {
         // Full recompute keeps the layer input only: 2sbh (Korthikanti eq. 3 regime).
-        t.seq = ACT_BYTES * h;
-        return t;
+        t.all.seq = ACT_BYTES * h;
+        return (t.all, t.moved);
     }
     let rc = keep.modules();
     // Hidden dropout masks (1 byte per element), one per residual branch.
     let drop = if dropout.hidden { MASK_BYTES * h } else { 0.0 };
     attention_terms(&mut t, card, rc, lin, drop, opts, dropout.attention);
-    // MLP.
+    // MLP: the pre-MLP norm's input (a separate module, `mlp_norm`, only in MoE layers: a
+    // dense MLP fuses its norm into fc1) and the dropout mask.
     let ln2_input = ACT_BYTES * h;
     let mlp_dropout_mask = drop;
-    t.seq += ln2_input + mlp_dropout_mask;
+    let moe_layer = kind == LayerKind::Moe && card.moe.is_some();
+    let norm_group = moe_layer.then_some(OffloadModule::MlpNorm);
+    t.add(norm_group, |a| a.seq += ln2_input);
+    t.add(None, |a| a.seq += mlp_dropout_mask);
     match (kind, &card.moe) {
         (LayerKind::Moe, Some(m)) => moe_terms(&mut t, card, m, rc, lin, experts),
         _ => dense_mlp_terms(&mut t, card, rc, lin),
     }
-    t
+    (t.all, t.moved)
 }
 
 /// The attention block's terms: its input norm's input, the projections' inputs and outputs
@@ -224,7 +301,7 @@ pub fn layer_terms(
 /// selective-recompute modules, `lin` the bytes of a saved linear input, `drop` the hidden
 /// dropout mask bytes per token, `attention_dropout` whether the scores are dropped out.
 fn attention_terms(
-    t: &mut ActivationTerms,
+    t: &mut Terms,
     card: &ModelCard,
     rc: ModuleSet,
     lin: f64,
@@ -234,9 +311,17 @@ fn attention_terms(
 ) {
     let h = card.hidden_size as f64;
     let a = card.attention_heads as f64;
+    // The input norm's input: a separate norm's (`attn_norm`) with MLA, else saved by
+    // Transformer Engine's fused LayerNormLinear, inside the `qkv_linear` group.
     let ln1_input = ACT_BYTES * h;
     let attn_dropout_mask = drop;
-    t.seq += ln1_input + attn_dropout_mask;
+    let ln1_group = if card.mla.is_some() {
+        OffloadModule::AttnNorm
+    } else {
+        OffloadModule::QkvLinear
+    };
+    t.add(Some(ln1_group), |x| x.seq += ln1_input);
+    t.add(None, |x| x.seq += attn_dropout_mask);
     if let Some(m) = &card.mla {
         mla_terms(t, card, m, rc, lin);
     } else {
@@ -250,13 +335,15 @@ fn attention_terms(
         let k = ACT_BYTES * g * d;
         let v = ACT_BYTES * g * d;
         let proj_input = lin * a * d;
-        t.seq += qkv_input;
-        t.tensor += q + k + v + proj_input;
+        t.add(Some(OffloadModule::QkvLinear), |x| x.seq += qkv_input);
+        t.add(Some(OffloadModule::CoreAttn), |x| x.tensor += q + k + v);
+        t.add(Some(OffloadModule::AttnProj), |x| x.tensor += proj_input);
     }
     if !rc.contains(RecomputeModule::CoreAttn) {
         if opts.flash_attention {
-            // Flash attention keeps the fp32 log-sum-exp per head and query, not the scores.
-            t.tensor += FP32_BYTES * a;
+            // Flash attention keeps the fp32 log-sum-exp per head and query, not the scores
+            // (under the offload's minimum tensor size).
+            t.add(None, |x| x.tensor += FP32_BYTES * a);
         } else {
             // Softmax output 2as^2b; with dropout also its mask as^2b and the dropped-out
             // probabilities 2as^2b: Korthikanti's 5as^2b.
@@ -266,21 +353,25 @@ fn attention_terms(
             } else {
                 0.0
             };
-            t.score += softmax + dropout;
+            t.add(Some(OffloadModule::CoreAttn), |x| {
+                x.score += softmax + dropout
+            });
         }
     }
 }
 
 /// MLA's projection terms (Megatron-Core): the down-projections run on the sequence-parallel
 /// input (kept once for both), the latents are normed, then gathered over the sequence for
-/// the TP-split up-projections.
-fn mla_terms(t: &mut ActivationTerms, card: &ModelCard, m: &MlaConfig, rc: ModuleSet, lin: f64) {
+/// the TP-split up-projections; all of them inside the `qkv_linear` offload group, Q, K and V
+/// in `core_attn`'s.
+fn mla_terms(t: &mut Terms, card: &ModelCard, m: &MlaConfig, rc: ModuleSet, lin: f64) {
     let h = card.hidden_size as f64;
     let a = card.attention_heads as f64;
     let q_lora = m.q_lora_rank.unwrap_or(0) as f64;
     let kv_lora = m.kv_lora_rank as f64;
     let qk = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
     let v = m.v_head_dim as f64;
+    let qkv = Some(OffloadModule::QkvLinear);
     // down_input = lin*h, the output of MLA's separate input norm (`layernorm` drops it).
     let down_input = if rc.contains(RecomputeModule::Layernorm) {
         0.0
@@ -289,24 +380,24 @@ fn mla_terms(t: &mut ActivationTerms, card: &ModelCard, m: &MlaConfig, rc: Modul
     };
     let latent_norm_inputs = ACT_BYTES * (q_lora + kv_lora);
     let up_inputs = lin * (q_lora + kv_lora);
-    t.seq += down_input + latent_norm_inputs;
-    t.whole += up_inputs;
+    t.add(qkv, |x| x.seq += down_input + latent_norm_inputs);
+    t.add(qkv, |x| x.whole += up_inputs);
     // q + k + v = 2a(qk + qk + v), the up-projections' outputs after rotary
     // (`mla_up_proj` drops them).
     if !rc.contains(RecomputeModule::MlaUpProj) {
         let q = ACT_BYTES * a * qk;
         let k = ACT_BYTES * a * qk;
         let v_ = ACT_BYTES * a * v;
-        t.tensor += q + k + v_;
+        t.add(Some(OffloadModule::CoreAttn), |x| x.tensor += q + k + v_);
     }
     let proj_input = lin * a * v;
-    t.tensor += proj_input;
+    t.add(Some(OffloadModule::AttnProj), |x| x.tensor += proj_input);
 }
 
 /// The MoE block's terms after its norm: its input, the router, the shared experts and, per
 /// local token, the routed experts' side.
 fn moe_terms(
-    t: &mut ActivationTerms,
+    t: &mut Terms,
     card: &ModelCard,
     m: &MoeConfig,
     rc: ModuleSet,
@@ -323,7 +414,7 @@ fn moe_terms(
         (false, true) => ACT_BYTES * h,
         (false, false) => lin * h,
     };
-    t.seq += mlp_input;
+    t.add(None, |x| x.seq += mlp_input);
     if whole_block {
         // `moe`: nothing inside the block is kept.
         return;
@@ -331,18 +422,18 @@ fn moe_terms(
     let e = m.num_experts as f64;
     // Router: fp32 scores (softmax/sigmoid output), the routing map, top-k probs.
     let router = FP32_BYTES * e + MASK_BYTES * e + FP32_BYTES * m.top_k as f64;
-    t.seq += router;
+    t.add(None, |x| x.seq += router);
     let shared = card.shared_expert_ffn();
     if shared > 0 && !rc.contains(RecomputeModule::SharedExperts) {
         // shared_act = act_in + act_out of the shared experts' FFN
         // (`shared_experts` drops it).
         let (act_in, act_out) = mlp_act(card, shared, lin);
-        t.tensor += act_in + act_out;
+        t.add(None, |x| x.tensor += act_in + act_out);
     }
     // Expert side, per local token: k copies (x load factor), each gathered over ETP
-    // for fc1 (its input h), the activation of the whole expert FFN (split over ETP,
-    // times ETP tokens: ETP cancels) and the routing probability (fp32), which
-    // Megatron-Core applies inside the activation function
+    // for fc1 (its input h, the `expert_fc1` offload group), the activation of the whole
+    // expert FFN (split over ETP, times ETP tokens: ETP cancels) and the routing probability
+    // (fp32), which Megatron-Core applies inside the activation function
     // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
     // keeps no expert output.
     let copies = expert_copies(card, experts.load);
@@ -353,7 +444,8 @@ fn moe_terms(
     // keep the first projection's output for their masks and the compiled GLU keeps the
     // clamped concatenation (`fused_bias_geglu.py`, `weighted_bias_quick_geglu_impl`):
     // another act_in per copy, unless `moe_act` recomputes the activation (the clamps run
-    // inside its checkpoint, whose input is the one act_in above).
+    // inside its checkpoint, whose input is the one act_in above). Both act_in copies are
+    // saved inside the `moe_act` offload group.
     let (act_out, clamped) = if rc.contains(RecomputeModule::MoeAct) {
         (0.0, 0.0)
     } else {
@@ -361,11 +453,17 @@ fn moe_terms(
     };
     let fc1_input = lin * h * experts.etp.max(1) as f64;
     let prob = FP32_BYTES;
-    t.expert += copies * (fc1_input + act_in + clamped + act_out + prob);
+    t.add(Some(OffloadModule::ExpertFc1), |x| {
+        x.expert += copies * fc1_input
+    });
+    t.add(Some(OffloadModule::MoeAct), |x| {
+        x.expert += copies * (act_in + clamped)
+    });
+    t.add(None, |x| x.expert += copies * (act_out + prob));
 }
 
-/// The dense MLP's terms after its norm.
-fn dense_mlp_terms(t: &mut ActivationTerms, card: &ModelCard, rc: ModuleSet, lin: f64) {
+/// The dense MLP's terms after its norm (no offload group: Megatron has none for a dense MLP).
+fn dense_mlp_terms(t: &mut Terms, card: &ModelCard, rc: ModuleSet, lin: f64) {
     if rc.contains(RecomputeModule::Mlp) {
         // `mlp`: only the MLP's input is kept, which is the residual stream (ln2_input,
         // the fused norm sits inside fc1): mlp_input + act_in + act_out are dropped.
@@ -374,8 +472,10 @@ fn dense_mlp_terms(t: &mut ActivationTerms, card: &ModelCard, rc: ModuleSet, lin
     // mlp_input = lin*h, the fused pre-MLP norm's output (unaffected by `layernorm`).
     let mlp_input = lin * card.hidden_size as f64;
     let (act_in, act_out) = mlp_act(card, card.ffn_hidden_size, lin);
-    t.seq += mlp_input;
-    t.tensor += act_in + clamp_copy(card, act_in) + act_out;
+    t.add(None, |x| x.seq += mlp_input);
+    t.add(None, |x| {
+        x.tensor += act_in + clamp_copy(card, act_in) + act_out
+    });
 }
 
 /// The second copy of the activation's input a clamped GLU keeps (see [`moe_terms`]): `act_in`

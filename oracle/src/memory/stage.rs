@@ -13,7 +13,8 @@ use crate::scenario::Scenario;
 
 use super::activations::{
     self, ACT_BYTES, ActivationTerms, ChunkSplit, Dropout, ExpertSide, FP32_BYTES, Keep,
-    MASK_BYTES, MemoryOptions, inflight_microbatches, layer_terms, wgrad_terms,
+    MASK_BYTES, MemoryOptions, effective_offload, inflight_microbatches, layer_terms,
+    layer_terms_offloaded, wgrad_terms,
 };
 use super::optimizer::{StateBytes, state_bytes};
 use super::{
@@ -28,6 +29,14 @@ use super::{
 /// `get_cpu_offload_context`).
 pub const ACTIVATION_OFFLOAD_RESIDENT_LAYERS: f64 = 1.0;
 
+/// Layers of one micro-batch whose fine-grained offload groups (`--offload-modules`) are on
+/// the GPU at the peak besides what the layers keep: Megatron keeps the last group of each
+/// module name on the GPU (the "offload margin" of `PipelineOffloadManager.post_warmup_callback`,
+/// `megatron/core/pipeline_parallel/fine_grained_activation_offload.py`, so that reloading it
+/// does not stall the first backward), and the backward reloads the next layer's groups
+/// (`pre_reload_last_layer`, `bulk_reload_group`) while one computes: two layers.
+pub const FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS: f64 = 2.0;
+
 /// Per-GPU parameters of one layer: a dense layer, and an MoE layer outside / inside its
 /// experts; and of those, the ones in GEMM weights (what FP8 keeps an extra copy of).
 struct LayerParams {
@@ -41,10 +50,13 @@ struct LayerParams {
 
 /// Per micro-batch activation bytes of one layer: as the layout keeps it (everything, or all
 /// but what the selective-recompute modules rerun), keeping everything, fully recomputed (its
-/// input only), and its deferred weight-gradient inputs (zero-bubble).
+/// input only), and its deferred weight-gradient inputs (zero-bubble); and of what the layout
+/// keeps, the bytes fine-grained activation offloading moves to the host.
 struct LayerActivations {
     dense: f64,
     moe: f64,
+    dense_offloaded: f64,
+    moe_offloaded: f64,
     all_dense: f64,
     all_moe: f64,
     input: f64,
@@ -109,17 +121,26 @@ impl LayerActivations {
                 card, kind, keep, experts, precision, opts, dropout,
             ))
         };
+        let offload = effective_offload(l);
+        // (kept, offloaded) per micro-batch of a layer as the layout keeps it.
+        let kept = |kind| {
+            let (all, moved) =
+                layer_terms_offloaded(card, kind, keep, experts, precision, opts, dropout, offload);
+            (bytes(all), bytes(moved))
+        };
         let zero_bubble = l.schedule == Schedule::ZeroBubble;
         let has_moe = card.moe.is_some();
-        let dense = layer(LayerKind::Dense, keep);
-        let moe = if has_moe {
-            layer(LayerKind::Moe, keep)
+        let (dense, dense_offloaded) = kept(LayerKind::Dense);
+        let (moe, moe_offloaded) = if has_moe {
+            kept(LayerKind::Moe)
         } else {
-            0.0
+            (0.0, 0.0)
         };
         LayerActivations {
             dense,
             moe,
+            dense_offloaded,
+            moe_offloaded,
             all_dense: if keep == Keep::All {
                 dense
             } else {
@@ -339,9 +360,21 @@ impl Ctx<'_> {
         let offloaded = l.activation_offload_layers.min(vs.layers);
         let od = offloaded.min(nd);
         let om = offloaded - od;
-        let mut per_mb = (nd - rd - od) as f64 * act.dense
-            + (nm - rm - om) as f64 * act.moe
+        // Fine-grained offload: the groups of every in-flight layer are on the host, but for
+        // FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS layers of one micro-batch.
+        let (kd, km) = ((nd - rd - od) as f64, (nm - rm - om) as f64);
+        let mut per_mb = kd * (act.dense - act.dense_offloaded)
+            + km * (act.moe - act.moe_offloaded)
             + recomputed as f64 * act.input;
+        let largest = match (kd > 0.0, km > 0.0) {
+            (true, true) => act.moe_offloaded.max(act.dense_offloaded),
+            (true, false) => act.dense_offloaded,
+            (false, true) => act.moe_offloaded,
+            (false, false) => 0.0,
+        };
+        t.offload_transient = t
+            .offload_transient
+            .max(FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS * largest);
         if offloaded > 0 {
             let largest = if om > 0 {
                 act.moe.max(act.dense)

@@ -91,6 +91,8 @@ pub const PINNED: &[(&str, Pin)] = &[
     (flag::RECOMPUTE_METHOD, Pin::Null),
     (flag::RECOMPUTE_NUM_LAYERS, Pin::Null),
     (flag::RECOMPUTE_MODULES, Pin::Null),
+    (flag::FINE_GRAINED_OFFLOAD, Pin::Off),
+    (flag::OFFLOAD_MODULES, Pin::Null),
     (flag::FP8_FORMAT, Pin::Null),
     // Architecture.
     (flag::GQA, Pin::Off),

@@ -71,6 +71,7 @@ pub const LAYOUT_COLUMNS: &[&str] = &[
     "optimizerCpuOffload",
     "optimizerOffloadFraction",
     "activationOffloadLayers",
+    "offloadModules",
     "fp8ParamGather",
     "expandableSegments",
     "crossEntropyFusion",
@@ -272,7 +273,7 @@ fn cuda_graph_cell(v: &str) -> serde_json::Value {
 /// Turn a layout cell into the JSON value the `spec.parallelism` field expects.
 fn layout_value(col: &str, v: &str) -> serde_json::Value {
     match col {
-        "recomputeModules" => module_list(v),
+        "recomputeModules" | "offloadModules" => module_list(v),
         "cudaGraph" => cuda_graph_cell(v),
         "capacityFactor" | "rankCapacityFactor" => v
             .parse::<f64>()
