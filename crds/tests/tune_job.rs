@@ -473,3 +473,79 @@ fn the_writer_writes_the_plans_memory_options_over_the_templates() {
         .unwrap();
     assert_eq!(back.hidden_dropout, Fraction::ZERO);
 }
+
+#[test]
+fn a_fused_grouped_mlp_job_gets_the_op_fuser_flag_and_its_cutedsl_switch() {
+    use primus_oracle::layout::{GroupedGemm, TokenDispatcher};
+    // Qwen3-30B-A3B on 8 GB200 with the experts' fused grouped MLP: Megatron takes the fused
+    // path only with NVTE_CUTEDSL_FUSED_GROUPED_MLP > 0, so the writer sets it to 1, over a
+    // template that turned it off.
+    let mut s = scenario("gb200", 8);
+    s.model = primus_oracle::profiles::Catalog::builtin()
+        .unwrap()
+        .model("qwen3-30b-a3b")
+        .unwrap()
+        .clone();
+    s.training.seq_length = 4096;
+    s.training.global_batch_size = 64;
+    let mut l = Layout {
+        ep: 8,
+        ..Layout::default()
+    };
+    l.moe.token_dispatcher = TokenDispatcher::Alltoall;
+    l.moe.grouped_gemm = GroupedGemm::Grouped;
+    l.moe.fused_grouped_mlp = true;
+    assert!(l.check(&s).is_ok(), "{:?}", l.check(&s));
+    let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
+        "containers": [{
+            "name": "pytorch",
+            "image": "registry.local/megatron:1",
+            "env": [{"name": "NVTE_CUTEDSL_FUSED_GROUPED_MLP", "value": "0"}]
+        }]
+    }}}}}});
+    let env_of = |job: &Value| -> Vec<(String, String)> {
+        container(job, "Master")["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["value"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .filter(|(n, _)| n == "NVTE_CUTEDSL_FUSED_GROUPED_MLP")
+            .collect()
+    };
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    let a = args(&container(&job, "Master"));
+    assert!(
+        a.contains(&"--use-transformer-engine-op-fuser".to_string()),
+        "{a:?}"
+    );
+    assert_eq!(
+        env_of(&job),
+        vec![(
+            "NVTE_CUTEDSL_FUSED_GROUPED_MLP".to_string(),
+            "1".to_string()
+        )]
+    );
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert!(back.moe.fused_grouped_mlp);
+    // Without the option: no flag, and the template's own setting is left alone.
+    l.moe.fused_grouped_mlp = false;
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    assert!(
+        !args(&container(&job, "Master"))
+            .contains(&"--use-transformer-engine-op-fuser".to_string())
+    );
+    assert_eq!(
+        env_of(&job),
+        vec![(
+            "NVTE_CUTEDSL_FUSED_GROUPED_MLP".to_string(),
+            "0".to_string()
+        )]
+    );
+}

@@ -225,6 +225,11 @@ pub struct HardwareProfile {
     /// scaling needs Blackwell or CDNA 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_recipes: Option<Vec<Fp8Recipe>>,
+    /// Whether this GPU's software stack runs the experts' fused grouped MLP
+    /// (`moe.fusedGroupedMlp`: cuDNN's CuTe-DSL grouped-GEMM GLU kernels, sm100 Blackwell);
+    /// absent = no.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused_grouped_mlp: bool,
 }
 
 /// How Kubernetes names the GPU, bounded.

@@ -422,12 +422,20 @@ impl Layout {
     }
 
     /// The submodules selective recompute reruns: `recomputeModules` (or Megatron's default
-    /// `[core_attn]`) with recompute selective, none otherwise.
+    /// `[core_attn]`) with recompute selective, none otherwise. The fused grouped MLP
+    /// (`moe.fusedGroupedMlp`) runs the experts' activation inside its kernels, where the
+    /// unfused path's `moe_act` checkpoint does not reach (`moe/experts.py`): `moe_act` does
+    /// nothing there and is left out.
     pub fn recompute_set(&self) -> ModuleSet {
-        match (self.recompute, &self.recompute_modules) {
+        let set = match (self.recompute, &self.recompute_modules) {
             (Recompute::Selective, Some(m)) => ModuleSet::of(m),
             (Recompute::Selective, None) => ModuleSet::DEFAULT,
             _ => ModuleSet::EMPTY,
+        };
+        if self.moe.fused_grouped_mlp {
+            set.without(RecomputeModule::MoeAct)
+        } else {
+            set
         }
     }
 

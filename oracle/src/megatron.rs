@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use crate::bounds::limits;
 mod moe;
 
-pub use moe::moe_flag;
+pub use moe::{FUSED_GROUPED_MLP_ENV, moe_flag};
 
 use crate::error::FieldError;
 use crate::layout::{

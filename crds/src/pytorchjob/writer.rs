@@ -34,7 +34,8 @@ use primus_oracle::FieldError;
 use primus_oracle::hardware::Vendor;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{
-    ALLOC_CONF_ENV, expandable_segments_in, flag, megatron_flags, with_expandable_segments,
+    ALLOC_CONF_ENV, FUSED_GROUPED_MLP_ENV, expandable_segments_in, flag, megatron_flags, moe_flag,
+    with_expandable_segments,
 };
 use primus_oracle::scenario::Scenario;
 use serde_json::Value;
@@ -299,6 +300,16 @@ pub(crate) fn fill_container(
     if !env.iter().any(|e| e.name == MAX_CONNECTIONS_ENV) {
         env.push(EnvVar {
             name: MAX_CONNECTIONS_ENV.to_string(),
+            value: Some("1".to_string()),
+            ..EnvVar::default()
+        });
+    }
+    // The fused grouped MLP the plan projected runs only with Transformer Engine's CuTe-DSL
+    // switch beside the op-fuser flag (Megatron-Core `moe/experts.py`).
+    if flags.iter().any(|f| f == moe_flag::TE_OP_FUSER) {
+        env.retain(|e| e.name != FUSED_GROUPED_MLP_ENV);
+        env.push(EnvVar {
+            name: FUSED_GROUPED_MLP_ENV.to_string(),
             value: Some("1".to_string()),
             ..EnvVar::default()
         });

@@ -57,6 +57,9 @@ pub struct MoeExec {
     pub grouped_gemm: GroupedGemm,
     pub permute_fusion: bool,
     pub router_fusion: bool,
+    /// The fused grouped MLP (`moe.fusedGroupedMlp`): the activation, its clamp and the
+    /// probability-scaled fc2 bias run inside the grouped GEMMs' epilogues.
+    pub fused_mlp: bool,
     /// `--moe-router-force-load-balancing`.
     pub forced: bool,
     /// Capacity factor (None = dropless) and whether inputs are padded to capacity.
@@ -77,6 +80,7 @@ impl MoeExec {
             grouped_gemm: m.grouped_gemm,
             permute_fusion: m.permute_fusion,
             router_fusion: m.router_fusion,
+            fused_mlp: m.fused_grouped_mlp,
             forced: m.force_load_balancing,
             capacity: m.capacity_factor.map(|c| c.get()).or(card_capacity),
             pad: m.pad_to_capacity,
@@ -273,6 +277,10 @@ fn push_eager_expert_work(
     ops: &mut OpList,
 ) {
     let x = &d.moe;
+    if x.fused_mlp {
+        // The fused grouped MLP applies the clamp and the scaled bias in its epilogues.
+        return;
+    }
     if card.activation_clamp {
         let fe = moe.moe_ffn_hidden_size as f64 / d.etp;
         ops.push(clamp_op(
@@ -368,16 +376,25 @@ fn push_permutation(
     // before the combine (read + write each), and the experts' activation. A sequential MLP
     // runs its activation and the copies in and out per expert; fused sort/unsort kernels
     // replace the chunk sorts.
+    // The fused grouped MLP runs the activation in fc1's epilogue (and its backward in fc2's
+    // dgrad epilogue): the sorts remain, the activation's pass and kernel go.
+    let (activation, activation_kernels) = if x.fused_mlp {
+        (0.0, 0.0)
+    } else {
+        (
+            routed * activation_bytes_per_width(card, fe / d.etp) * ACT_BYTES,
+            1.0,
+        )
+    };
     let expert_kernels = match (x.grouped_gemm, x.permute_fusion) {
         (GroupedGemm::Sequential, _) => 2.0 + 3.0 * local,
-        (_, true) => 3.0,
-        (_, false) => 5.0,
+        (_, true) => 2.0 + activation_kernels,
+        (_, false) => 4.0 + activation_kernels,
     };
     ops.push(
         Op::memory(
             "moe_expert_elementwise",
-            routed * h * ACT_BYTES * 4.0
-                + routed * activation_bytes_per_width(card, fe / d.etp) * ACT_BYTES,
+            routed * h * ACT_BYTES * 4.0 + activation,
             expert_kernels,
         )
         .in_part(Part::Experts),

@@ -279,6 +279,14 @@ pub struct MoeOptions {
     /// Fused router top-k and aux-loss kernels (`--moe-router-fusion`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub router_fusion: bool,
+    /// The routed experts as one fused grouped MLP (`--use-transformer-engine-op-fuser` with
+    /// `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`): fc1, the probability-scaled (clamped) GLU and fc2
+    /// with its scaled bias in cuDNN's CuTe-DSL grouped-GEMM kernels, the GLU and its
+    /// backward in the GEMM epilogues (Megatron-Core `moe/experts.py`,
+    /// `_is_fused_impl_supported`); needs the grouped GEMM, expert TP 1, a gated activation and
+    /// a GPU whose hardware profile lists the kernels.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fused_grouped_mlp: bool,
     /// Run the shared experts on a side stream during dispatch/combine
     /// (`--moe-shared-expert-overlap`); alltoall or flex only.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -399,6 +407,7 @@ impl MoeOptions {
         }
         for (on, name) in [
             (self.permute_fusion, "pf"),
+            (self.fused_grouped_mlp, "fused-mlp"),
             (self.shared_expert_overlap, "seo"),
             (self.ep_overlap, "a2a-ovl"),
             (self.delay_wgrad, "dwg"),

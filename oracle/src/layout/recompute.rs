@@ -156,6 +156,10 @@ impl<M: SubmoduleName> Submodules<M> {
         Submodules(self.0 | Self::bit(m), std::marker::PhantomData)
     }
 
+    pub fn without(self, m: M) -> Submodules<M> {
+        Submodules(self.0 & !Self::bit(m), std::marker::PhantomData)
+    }
+
     pub fn union(self, o: Submodules<M>) -> Submodules<M> {
         Submodules(self.0 | o.0, std::marker::PhantomData)
     }

@@ -32,6 +32,9 @@ pub mod moe_flag {
     pub const LEGACY_GROUPED_GEMM: &str = "--moe-use-legacy-grouped-gemm";
     pub const PERMUTE_FUSION: &str = "--moe-permute-fusion";
     pub const ROUTER_FUSION: &str = "--moe-router-fusion";
+    /// Transformer Engine's op fuser for the experts (`fusedGroupedMlp`, with
+    /// [`crate::megatron::FUSED_GROUPED_MLP_ENV`]).
+    pub const TE_OP_FUSER: &str = "--use-transformer-engine-op-fuser";
     pub const SHARED_EXPERT_OVERLAP: &str = "--moe-shared-expert-overlap";
     pub const EP_OVERLAP: &str = "--overlap-moe-expert-parallel-comm";
     pub const DELAY_WGRAD: &str = "--delay-wgrad-compute";
@@ -59,12 +62,18 @@ pub mod moe_flag {
 
 use moe_flag as f;
 
+/// The environment variable under which Transformer Engine's op fuser runs the experts'
+/// CuTe-DSL fused grouped MLP (Megatron-Core `moe/experts.py`, `_is_fused_impl_supported`:
+/// `NVTE_CUTEDSL_FUSED_GROUPED_MLP` > 0); the job writer sets it to 1 with the flag.
+pub const FUSED_GROUPED_MLP_ENV: &str = "NVTE_CUTEDSL_FUSED_GROUPED_MLP";
+
 /// Switches among the option flags.
 pub const SWITCHES: &[&str] = &[
     f::GROUPED_GEMM,
     f::LEGACY_GROUPED_GEMM,
     f::PERMUTE_FUSION,
     f::ROUTER_FUSION,
+    f::TE_OP_FUSER,
     f::SHARED_EXPERT_OVERLAP,
     f::EP_OVERLAP,
     f::DELAY_WGRAD,
@@ -149,6 +158,7 @@ pub(super) fn write(s: &Scenario, l: &Layout, a: &mut Vec<String>) {
         ),
         (m.permute_fusion, f::PERMUTE_FUSION),
         (m.router_fusion, f::ROUTER_FUSION),
+        (m.fused_grouped_mlp, f::TE_OP_FUSER),
         (m.shared_expert_overlap, f::SHARED_EXPERT_OVERLAP),
         (m.ep_overlap, f::EP_OVERLAP),
         (m.delay_wgrad, f::DELAY_WGRAD),
@@ -206,6 +216,10 @@ pub(super) fn read(
     };
     m.permute_fusion = args.has(f::PERMUTE_FUSION);
     m.router_fusion = args.has(f::ROUTER_FUSION);
+    // The op fuser runs the fused kernels only with the CuTe-DSL environment variable, which
+    // the job writer sets beside the flag (`FUSED_GROUPED_MLP_ENV`); a flag alone is read as
+    // the layout asks, the memory model being the same either way.
+    m.fused_grouped_mlp = args.has(f::TE_OP_FUSER) && model.moe.is_some();
     m.shared_expert_overlap = args.has(f::SHARED_EXPERT_OVERLAP);
     m.ep_overlap = args.has(f::EP_OVERLAP);
     m.delay_wgrad = args.has(f::DELAY_WGRAD);

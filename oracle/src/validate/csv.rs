@@ -84,6 +84,7 @@ pub const MOE_COLUMNS: &[&str] = &[
     "groupedGemm",
     "permuteFusion",
     "routerFusion",
+    "fusedGroupedMlp",
     "sharedExpertOverlap",
     "epOverlap",
     "delayWgrad",

@@ -25,6 +25,54 @@ impl Layout {
         self.check_ep_overlap(s)?;
         self.check_fp8_recipe(s)?;
         self.check_cuda_graph(s)?;
+        self.check_fused_grouped_mlp(s)?;
+        Ok(())
+    }
+
+    /// `moe.fusedGroupedMlp`: what Megatron-Core's `_is_fused_impl_supported`
+    /// (`moe/experts.py`) needs to take the fused path: Transformer Engine's grouped linear
+    /// (the grouped GEMM, not the legacy one), no tensor parallelism inside the experts, a
+    /// gated SiLU/quick-GELU activation (the GLU the kernels fuse), no expert_fc1/moe_act
+    /// offload; and the GPU's stack must run the CuTe-DSL kernels (the hardware profile's
+    /// `fusedGroupedMlp`). Megatron does not refuse the op fuser otherwise, it silently runs
+    /// the unfused experts: a plan saying fused must be what runs.
+    fn check_fused_grouped_mlp(&self, s: &Scenario) -> Result<(), LayoutError> {
+        const F: &str = "moe.fusedGroupedMlp";
+        if !self.moe.fused_grouped_mlp {
+            return Ok(());
+        }
+        let needs = if self.moe.grouped_gemm != GroupedGemm::Grouped {
+            Some("groupedGemm grouped (Transformer Engine's grouped linear)")
+        } else if self.etp > 1 {
+            Some("etp 1 (no tensor parallelism inside the experts)")
+        } else if s.model.activation != crate::model::Activation::Swiglu {
+            Some("a gated (GLU) activation")
+        } else if self
+            .offload_set()
+            .intersects(crate::layout::OffloadSet::of(&[
+                crate::layout::OffloadModule::ExpertFc1,
+                crate::layout::OffloadModule::MoeAct,
+            ]))
+        {
+            Some("no expert_fc1 or moe_act in offloadModules")
+        } else {
+            None
+        };
+        if let Some(needs) = needs {
+            return broken("fused-grouped-mlp-fits", F, || {
+                format!(
+                    "the fused grouped MLP needs {needs}; Megatron would run the unfused experts"
+                )
+            });
+        }
+        if !s.hardware.fused_grouped_mlp {
+            return broken("fused-grouped-mlp-on-gpu", F, || {
+                format!(
+                    "{} does not run the fused grouped MLP's CuTe-DSL kernels (Blackwell only; the hardware profile's fusedGroupedMlp)",
+                    s.hardware.product
+                )
+            });
+        }
         Ok(())
     }
 
