@@ -302,3 +302,31 @@ fn the_flags_round_trip_and_unmodelled_modules_warn() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_rank_with_one_layer_in_flight_keeps_no_more_than_without_offload() {
+    // Qwen3-30B-A3B's 48 layers over PP48: the last rank holds one layer of one micro-batch,
+    // which stays on the GPU (the offload margin): offloading saves nothing there and adds
+    // nothing either; the first rank (48 micro-batches in flight) keeps all but two layers' worth.
+    let mut s = scenario("qwen3-30b-a3b", "gb200", 48);
+    s.training.global_batch_size = 64;
+    let l = |offload: bool| Layout {
+        pp: 48,
+        micro_batch_size: 1,
+        offload_modules: offload.then(|| vec![ExpertFc1, MoeAct]),
+        ..Layout::default()
+    };
+    assert!(l(true).check(&s).is_ok(), "{:?}", l(true).check(&s));
+    let last = 47;
+    let (a, b) = (
+        memory::stage_memory(&s, &l(false), last),
+        memory::stage_memory(&s, &l(true), last),
+    );
+    assert_eq!(a.inflight_microbatches, 1);
+    assert_eq!(a.activations_bytes, b.activations_bytes);
+    let (a, b) = (
+        memory::stage_memory(&s, &l(false), 0),
+        memory::stage_memory(&s, &l(true), 0),
+    );
+    assert!(b.activations_bytes < a.activations_bytes);
+}

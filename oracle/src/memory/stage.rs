@@ -257,6 +257,11 @@ struct StageTally {
     wgrad_per_mb: f64,
     /// Offloaded activations held on the GPU while they are copied out or back.
     offload_transient: f64,
+    /// Fine-grained offload: the groups of one micro-batch's layers kept on the GPU
+    /// (FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS of the largest), and all the bytes moved to the
+    /// host, which bound them (a rank with fewer layers in flight keeps only those).
+    fine_grained_resident: f64,
+    fine_grained_moved: f64,
 }
 
 /// Parameters one GPU of a stage holds (before FSDP sharding), non-expert and expert, and of
@@ -288,6 +293,7 @@ impl Ctx<'_> {
         }
         let mut activations = t.activations;
         activations += t.logits + t.recompute_transient + t.offload_transient;
+        activations += t.fine_grained_resident.min(t.fine_grained_moved);
         let deferred = activations::deferred_wgrad(l, rank, self.m, inflight);
         if deferred > 0 {
             activations += deferred as f64 * t.wgrad_per_mb;
@@ -372,9 +378,10 @@ impl Ctx<'_> {
             (false, true) => act.moe_offloaded,
             (false, false) => 0.0,
         };
-        t.offload_transient = t
-            .offload_transient
+        t.fine_grained_resident = t
+            .fine_grained_resident
             .max(FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS * largest);
+        t.fine_grained_moved += count * (kd * act.dense_offloaded + km * act.moe_offloaded);
         if offloaded > 0 {
             let largest = if om > 0 {
                 act.moe.max(act.dense)
