@@ -27,8 +27,9 @@
 //! Megatron keeps the last group of each module name on the GPU ("offload margin", so the
 //! reload does not stall the backward) and copies one layer in and out at a time: the memory
 //! model keeps [`crate::memory::FINE_GRAINED_OFFLOAD_RESIDENT_LAYERS`] layers of offloaded
-//! tensors resident. `fused_group_mlp` (Transformer Engine's op fuser, which this model does not
-//! represent) and `gdp_qkv` (GatedDeltaProduct mixers) are not modelled and are refused.
+//! tensors resident. `fused_group_mlp` (the fused grouped MLP's whole input) and `gdp_qkv`
+//! (GatedDeltaProduct mixers) are not modelled: a plan cannot name them, and a job offloading
+//! them is admitted with a warning naming them (`megatron::UNMODELLED_OFFLOAD_MODULES`).
 
 use serde::{Deserialize, Serialize};
 
@@ -87,7 +88,7 @@ impl OffloadModule {
 
     /// The module of a Megatron name.
     pub fn parse(name: &str) -> Option<OffloadModule> {
-        OffloadModule::ALL.into_iter().find(|m| m.as_str() == name)
+        OffloadModule::named(name)
     }
 }
 
@@ -110,6 +111,14 @@ impl std::fmt::Display for OffloadModule {
 
 /// A set of offload modules.
 pub type OffloadSet = Submodules<OffloadModule>;
+
+impl OffloadSet {
+    /// The routed experts' groups, `expert_fc1` and `moe_act` (MoE layers only; the fused
+    /// grouped MLP takes neither).
+    pub fn experts() -> OffloadSet {
+        OffloadSet::of(&[OffloadModule::ExpertFc1, OffloadModule::MoeAct])
+    }
+}
 
 impl Layout {
     /// The fine-grained activation offload modules (empty: no fine-grained offloading).
@@ -146,7 +155,7 @@ impl Layout {
             }
         }
         let set = self.offload_set();
-        let moe_modules = OffloadSet::of(&[OffloadModule::ExpertFc1, OffloadModule::MoeAct]);
+        let moe_modules = OffloadSet::experts();
         if set.intersects(moe_modules) && s.model.moe.is_none() {
             return broken("offload-module-fits-model", NAME, || {
                 format!(

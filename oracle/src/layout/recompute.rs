@@ -75,9 +75,7 @@ impl RecomputeModule {
 
     /// The module of a Megatron name.
     pub fn parse(name: &str) -> Option<RecomputeModule> {
-        RecomputeModule::ALL
-            .into_iter()
-            .find(|m| m.as_str() == name)
+        RecomputeModule::named(name)
     }
 }
 
@@ -98,6 +96,11 @@ pub trait SubmoduleName: Copy + Eq + 'static {
     fn as_str(self) -> &'static str;
     /// Its position in [`SubmoduleName::ALL`] (the bit of a set).
     fn index(self) -> u8;
+
+    /// The name of Megatron's spelling `name`.
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|m| m.as_str() == name)
+    }
 }
 
 impl SubmoduleName for RecomputeModule {
@@ -206,22 +209,18 @@ impl<M: SubmoduleName> Submodules<M> {
             .split(|c: char| c == '+' || c == ',' || c.is_whitespace())
             .filter(|w| !w.is_empty())
         {
-            let m = M::ALL
-                .iter()
-                .copied()
-                .find(|m| m.as_str() == name)
-                .ok_or_else(|| {
-                    format!(
-                        "{} is not {} ({})",
-                        crate::parse::quote(name),
-                        M::KIND,
-                        M::ALL
-                            .iter()
-                            .map(|m| m.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })?;
+            let m = M::named(name).ok_or_else(|| {
+                format!(
+                    "{} is not {} ({})",
+                    crate::parse::quote(name),
+                    M::KIND,
+                    M::ALL
+                        .iter()
+                        .map(|m| m.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
             set = set.with(m);
         }
         if set.is_empty() {

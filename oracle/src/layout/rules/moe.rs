@@ -6,8 +6,8 @@
 
 use super::{Layout, LayoutError, Recompute, RecomputeModule, broken};
 use crate::layout::{
-    CudaGraphImpl, CudaGraphModule, FlexBackend, GroupedGemm, LoadBalancing, RouterDtype,
-    TokenDispatcher,
+    CudaGraphImpl, CudaGraphModule, FlexBackend, GroupedGemm, LoadBalancing, OffloadSet,
+    RouterDtype, TokenDispatcher,
 };
 use crate::precision::Precision;
 use crate::scenario::Scenario;
@@ -47,13 +47,7 @@ impl Layout {
             Some("etp 1 (no tensor parallelism inside the experts)")
         } else if s.model.activation != crate::model::Activation::Swiglu {
             Some("a gated (GLU) activation")
-        } else if self
-            .offload_set()
-            .intersects(crate::layout::OffloadSet::of(&[
-                crate::layout::OffloadModule::ExpertFc1,
-                crate::layout::OffloadModule::MoeAct,
-            ]))
-        {
+        } else if self.offload_set().intersects(OffloadSet::experts()) {
             Some("no expert_fc1 or moe_act in offloadModules")
         } else {
             None
