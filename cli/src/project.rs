@@ -79,7 +79,7 @@ pub fn op_kinds_table(cov: &Coverage) -> String {
     out
 }
 
-const TERM_LABELS: [(&str, &str); 10] = [
+const TERM_LABELS: [(&str, &str); 11] = [
     ("compute", "compute"),
     ("tp", "TP/SP communication"),
     ("cp", "CP communication"),
@@ -88,6 +88,7 @@ const TERM_LABELS: [(&str, &str); 10] = [
     ("dp", "DP/FSDP communication"),
     ("bubble", "pipeline bubble"),
     ("host", "host-bound (MoE)"),
+    ("offload", "offload copies (host)"),
     ("optimizer", "optimizer step"),
     ("other", "other overheads"),
 ];
@@ -99,20 +100,7 @@ pub fn breakdown_table(p: &Projection) -> String {
         "{:<26} {:>11} {:>7}\n",
         "STEP BREAKDOWN", "SECONDS", "SHARE"
     );
-    let names = [
-        ("compute", "compute"),
-        ("tp", "TP/SP communication"),
-        ("cp", "CP communication"),
-        ("ep", "EP all-to-all"),
-        ("pp", "PP point-to-point"),
-        ("dp", "DP/FSDP communication"),
-        ("bubble", "pipeline bubble"),
-        ("host", "host-bound (MoE)"),
-        ("optimizer", "optimizer step"),
-        ("other", "other overheads"),
-    ];
-    for ((key, v), (_, label)) in p.breakdown.terms().iter().zip(names.iter()) {
-        let _ = key;
+    for ((_, v), (_, label)) in p.breakdown.terms().iter().zip(TERM_LABELS.iter()) {
         out.push_str(&format!(
             "{:<26} {:>11.4} {:>6.1}%\n",
             label,

@@ -53,6 +53,13 @@ impl Link {
     }
 }
 
+/// Fraction of the host link's bandwidth one copy engine reaches with pinned host memory
+/// (`cudaMemcpyAsync` / `hipMemcpyAsync`): PCIe's 128b/130b encoding and TLP headers leave
+/// about 85% of a Gen5 x16 link's 64 GB/s (NVIDIA's nvbandwidth `host_to_device_memcpy_ce`
+/// reads ~55 GB/s on H100 SXM), and NVLink-C2C about as much of its 450 GB/s. One constant for
+/// every link (not fitted).
+pub const HOST_COPY_EFFICIENCY: f64 = 0.85;
+
 /// How Kubernetes exposes this GPU kind on a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -212,6 +219,12 @@ pub struct HardwareProfile {
     pub scale_up: Link,
     /// Inter-node network per GPU (NIC).
     pub scale_out: Link,
+    /// The GPU's link to its host's memory (PCIe to an x86 host, NVLink-C2C to a Grace CPU),
+    /// one direction: what activation offload (layer-level and fine-grained) and optimizer
+    /// CPU offload copy over. Absent: the time model charges no copy time (the offload's
+    /// memory saving is still counted); every built-in profile sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link: Option<Link>,
     /// How Kubernetes names this GPU.
     pub kubernetes: KubernetesNames,
     /// Time-model efficiency parameters.
@@ -298,6 +311,17 @@ impl HardwareProfile {
         self.flex_backends.iter().find(|p| p.backend == b)
     }
 
+    /// Seconds to copy `bytes` between the GPU and pinned host memory in one direction over
+    /// the host link at [`HOST_COPY_EFFICIENCY`]; 0 without a `hostLink` (not timed).
+    pub fn host_copy_seconds(&self, bytes: f64) -> f64 {
+        match &self.host_link {
+            Some(link) if bytes > 0.0 => {
+                bytes / (link.bytes_per_second() * HOST_COPY_EFFICIENCY) + link.latency_seconds()
+            }
+            _ => 0.0,
+        }
+    }
+
     /// Whether the tensor cores run an FP8 recipe.
     pub fn supports_fp8_recipe(&self, r: Fp8Recipe) -> bool {
         match &self.fp8_recipes {
@@ -356,6 +380,15 @@ impl HardwareProfile {
                 format!("{at}.scaleUp.latencyUs"),
                 "latencies must be non-negative",
             ));
+        }
+        if let Some(link) = &self.host_link {
+            positive("hostLink.bandwidthGbps", link.bandwidth_gbps)?;
+            if !(link.latency_us.is_finite() && link.latency_us >= 0.0) {
+                return Err(FieldError::new(
+                    format!("{at}.hostLink.latencyUs"),
+                    format!("must be a non-negative number, got {}", link.latency_us),
+                ));
+            }
         }
         self.validate_efficiency(at)
     }

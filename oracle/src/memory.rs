@@ -146,6 +146,30 @@ pub struct MemoryReport {
     pub headroom_bytes: f64,
 }
 
+/// What one GPU copies to the host per decoder layer and micro-batch under the layout's
+/// activation offloads, bytes (each copied back for the backward): the fine-grained offload
+/// groups of a layer (`offloadModules`, [`layer_terms_offloaded`]'s moved terms) and the
+/// whole activations of a layer that layer-level offload (`activationOffloadLayers`) moves.
+/// All zero without an offload. The time model prices the copies from the same bytes the
+/// memory model takes off the GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostCopyBytes {
+    /// Fine-grained offload groups of a dense layer and of an MoE layer.
+    pub dense_groups: f64,
+    pub moe_groups: f64,
+    /// All the activations a dense / an MoE layer keeps (layer-level offload).
+    pub dense_layer: f64,
+    pub moe_layer: f64,
+}
+
+/// [`HostCopyBytes`] of layout `l`.
+pub fn host_copy_bytes(s: &Scenario, l: &Layout) -> HostCopyBytes {
+    if effective_offload(l).is_empty() && l.activation_offload_layers == 0 {
+        return HostCopyBytes::default();
+    }
+    Ctx::new(s, l, &MemoryOptions::default()).host_copies()
+}
+
 /// Full per-stage report with the default [`MemoryOptions`]. The layout is assumed legal
 /// (callers run [`Layout::check`] first).
 pub fn estimate(s: &Scenario, l: &Layout) -> MemoryReport {

@@ -39,6 +39,14 @@ pub const PARAM_BYTES: f64 = 2.0;
 /// gradient, first and second moments (4 x 4), write weight and moments (3 x 4), write the
 /// BF16 model copy (2), read the gradient once more for the norm/clipping (4): 34 bytes.
 pub const ADAM_BYTES_PER_PARAM: f64 = 34.0;
+/// Parameters per second one rank's host-side Adam updates under optimizer CPU offload
+/// (Megatron-Core `HybridDeviceOptimizer` with `torch.optim.AdamW(fused=True)` on the CPU,
+/// FP32 master weights and moments). From the one public measurement that isolates it,
+/// NVIDIA-NeMo/RL pull request 3628 (Qwen3-0.6B, ~0.6e9 parameters, on one H100: 100%
+/// offload adds 0.93 s per step, of which the copies take ~0.07 s at the host link's rate):
+/// ~0.7e9 per second. Not fitted to any row here; with eight ranks sharing a host's cores and
+/// memory bandwidth a rank may get less.
+pub const CPU_ADAM_PARAMS_PER_SECOND: f64 = 0.7e9;
 /// Kernels of one optimizer step (multi-tensor apply chunks, norm, clip, copies).
 pub const OPTIMIZER_KERNELS: f64 = 20.0;
 /// Parameters per data-parallel bucket: Megatron-Core DDP's default
@@ -70,7 +78,11 @@ pub struct Breakdown {
     /// GPU idle while the host issues kernels: the MoE dispatcher's host synchronisation and
     /// the expert section it leaves host-bound.
     pub host: f64,
-    /// Optimizer step over the local shard.
+    /// Activation offload copies over the host link (fine-grained `offloadModules`,
+    /// layer-level `activationOffloadLayers`) that the layers' compute does not hide.
+    pub offload: f64,
+    /// Optimizer step over the local shard (with optimizer CPU offload, the host's share:
+    /// the gradients' copy to the host, the CPU step and the parameters' copy back).
     pub optimizer: f64,
     /// Per-iteration overheads.
     pub other: f64,
@@ -87,6 +99,7 @@ impl Breakdown {
             + self.dp_comm
             + self.bubble
             + self.host
+            + self.offload
             + self.optimizer
             + self.other
     }
@@ -97,7 +110,7 @@ impl Breakdown {
     }
 
     /// The named terms, in display order.
-    pub fn terms(&self) -> [(&'static str, f64); 10] {
+    pub fn terms(&self) -> [(&'static str, f64); 11] {
         [
             ("compute", self.compute),
             ("tp", self.tp_comm),
@@ -107,19 +120,21 @@ impl Breakdown {
             ("dp", self.dp_comm),
             ("bubble", self.bubble),
             ("host", self.host),
+            ("offload", self.offload),
             ("optimizer", self.optimizer),
             ("other", self.other),
         ]
     }
 
     /// What dominates the step: compute, the bubble, exposed communication (all kinds
-    /// together), host-bound time, the optimizer or overheads.
+    /// together), host-bound time, offload copies, the optimizer or overheads.
     pub fn dominant(&self) -> Dominant {
         let candidates = [
             (Dominant::Compute, self.compute),
             (Dominant::Bubble, self.bubble),
             (Dominant::Communication, self.exposed_comm()),
             (Dominant::Host, self.host),
+            (Dominant::Offload, self.offload),
             (Dominant::Optimizer, self.optimizer),
             (Dominant::Overhead, self.other),
         ];
@@ -155,6 +170,8 @@ pub enum Dominant {
     Bubble,
     Communication,
     Host,
+    /// Activation offload copies over the host link.
+    Offload,
     Optimizer,
     Overhead,
 }
@@ -166,6 +183,7 @@ impl Dominant {
             Dominant::Bubble => "bubble",
             Dominant::Communication => "communication",
             Dominant::Host => "host",
+            Dominant::Offload => "offload",
             Dominant::Optimizer => "optimizer",
             Dominant::Overhead => "overhead",
         }

@@ -236,6 +236,19 @@ impl<'a> Ctx<'a> {
     }
 }
 
+impl Ctx<'_> {
+    /// Bytes copied to the host per layer and micro-batch ([`super::HostCopyBytes`]).
+    pub(super) fn host_copies(&self) -> super::HostCopyBytes {
+        let offload = self.l.activation_offload_layers > 0;
+        super::HostCopyBytes {
+            dense_groups: self.act.dense_offloaded,
+            moe_groups: self.act.moe_offloaded,
+            dense_layer: if offload { self.act.dense } else { 0.0 },
+            moe_layer: if offload { self.act.moe } else { 0.0 },
+        }
+    }
+}
+
 /// What a stage's chunks hold, tallied over them, and the activations they keep.
 #[derive(Default)]
 struct StageTally {

@@ -26,11 +26,13 @@ pub struct Parts {
     pub dp: f64,
     /// Host-bound time (MoE dispatcher sync and expert section).
     pub host: f64,
+    /// Activation offload copies over the host link the layer's compute does not hide.
+    pub offload: f64,
 }
 
 impl Parts {
     pub fn total(&self) -> f64 {
-        self.compute + self.tp + self.cp + self.ep + self.dp + self.host
+        self.compute + self.tp + self.cp + self.ep + self.dp + self.host + self.offload
     }
 
     pub(super) fn add(&mut self, o: &Parts, times: f64) {
@@ -40,6 +42,7 @@ impl Parts {
         self.ep += o.ep * times;
         self.dp += o.dp * times;
         self.host += o.host * times;
+        self.offload += o.offload * times;
     }
 }
 
@@ -182,6 +185,7 @@ pub(super) fn kind_cost(
         ep: ep.ep.forward,
         dp: dp.forward,
         host: ep.host.forward,
+        offload: 0.0,
     };
     let backward = Parts {
         compute: t.dgrad,
@@ -190,6 +194,7 @@ pub(super) fn kind_cost(
         ep: ep.ep.backward,
         dp: dp.backward,
         host: ep.host.backward,
+        offload: 0.0,
     };
     // Full recompute reruns the forward, communication included (not the FSDP gather: the
     // backward gathers anyway); the rerun lengthens the backward that hides FSDP's traffic.
@@ -352,6 +357,7 @@ fn selective_recompute(
         ep: if moe_block { forward.ep } else { 0.0 },
         host: if moe_block { forward.host } else { 0.0 },
         dp: dp.hidden_by_rerun(rerun.forward),
+        offload: 0.0,
     }
 }
 

@@ -194,6 +194,7 @@ fn breakdown(
         dp_comm: parts.dp + critical.dp_exposed,
         bubble: tl.bubble(),
         host: parts.host,
+        offload: parts.offload,
         optimizer: critical.optimizer,
         other,
     };

@@ -10,8 +10,10 @@ use crate::units::MICROSECOND;
 use super::Setup;
 use super::stage::GpuParams;
 use crate::projection::{
-    ADAM_BYTES_PER_PARAM, BUCKET_PARAMS, OPTIMIZER_KERNELS, PARAM_BYTES, Workspace, grad_bytes,
+    ADAM_BYTES_PER_PARAM, BUCKET_PARAMS, CPU_ADAM_PARAMS_PER_SECOND, OPTIMIZER_KERNELS,
+    PARAM_BYTES, Workspace, grad_bytes,
 };
+use crate::units::FP32_BYTES;
 
 /// The end of one pipeline rank's step after its last pass.
 #[derive(Debug, Clone, Copy)]
@@ -151,8 +153,11 @@ fn rank_finish(
     } else {
         local.non_expert + local.expert
     };
-    // Adam over the shard, and zeroing the local gradient buffer.
-    let optimizer = shard * ADAM_BYTES_PER_PARAM / tail.hbm
+    // Adam over the GPU's part of the shard, the host's part (optimizer CPU offload), and
+    // zeroing the local gradient buffer.
+    let on_host = shard * cpu_offload_fraction(l);
+    let optimizer = (shard - on_host) * ADAM_BYTES_PER_PARAM / tail.hbm
+        + cpu_optimizer_seconds(st, on_host)
         + (local.non_expert + local.expert) * grad_bytes(l) / tail.hbm
         + OPTIMIZER_KERNELS * tail.overhead;
     RankFinish {
@@ -161,6 +166,37 @@ fn rank_finish(
         dp_exposed: grad_exposed + ag_exposed,
         optimizer,
     }
+}
+
+/// The fraction of the optimizer's shard whose Adam step runs on the host
+/// (`--optimizer-cpu-offload`, `--optimizer-offload-fraction`); 0 without the offload.
+fn cpu_offload_fraction(l: &crate::layout::Layout) -> f64 {
+    if l.optimizer_cpu_offload {
+        l.optimizer_offload_fraction.get().clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
+/// The host's part of the optimizer step for `params` parameters of the shard (Megatron-Core
+/// `HybridDeviceOptimizer`, `cpu_offloading/hybrid_optimizer.py`): the gradients copied to
+/// pinned host memory (the main gradients, [`grad_bytes`]), `torch.optim.AdamW` on the CPU at
+/// [`CPU_ADAM_PARAMS_PER_SECOND`], and the updated parameters copied back (the FP32 master
+/// shards, or with the precision-aware optimizer the BF16 shards). One after the other:
+/// `--overlap-cpu-optimizer-d2h-h2d` is off by default and not a layout option.
+fn cpu_optimizer_seconds(st: &Setup, params: f64) -> f64 {
+    if params <= 0.0 {
+        return 0.0;
+    }
+    let (hw, l) = (&st.s.hardware, st.l);
+    let param_bytes = if l.precision_aware_optimizer {
+        PARAM_BYTES
+    } else {
+        FP32_BYTES
+    };
+    hw.host_copy_seconds(params * grad_bytes(l))
+        + params / CPU_ADAM_PARAMS_PER_SECOND
+        + hw.host_copy_seconds(params * param_bytes)
 }
 
 /// Gradient reduction (reduce-scatter with the distributed optimizer, else all-reduce) and

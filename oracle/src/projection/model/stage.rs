@@ -6,6 +6,7 @@
 use crate::collectives;
 use crate::compute::{self, LayerShape, OpTimes};
 use crate::layout::Recompute;
+use crate::memory::{self, HostCopyBytes};
 use crate::model::LayerKind;
 
 use super::Setup;
@@ -163,11 +164,12 @@ pub(super) fn stage_costs(st: &Setup, w: &mut Workspace) -> f64 {
     w.alone.resize(nvs, AloneParts::default());
     let mut kinds = KindCosts::new(st);
     let edges = EdgeCosts::of(st);
+    let copies = memory::host_copy_bytes(st.s, st.l);
     let mut model_flops_all = 0.0;
     for r in 0..st.pp {
         for c in 0..st.vpp {
             let vs = c * st.pp + r;
-            let cost = stage_cost(st, &mut kinds, &edges, r, c);
+            let cost = stage_cost(st, &mut kinds, &edges, &copies, r, c);
             model_flops_all += cost.flops;
             w.recompute[vs] = cost.recompute.total();
             w.forward[vs] = cost.forward.total();
@@ -190,6 +192,7 @@ fn stage_cost(
     st: &Setup,
     kinds: &mut KindCosts,
     edges: &EdgeCosts,
+    copies: &HostCopyBytes,
     r: usize,
     c: usize,
 ) -> StageCost {
@@ -213,6 +216,10 @@ fn stage_cost(
     };
     let counts = shape_counts(card, range.clone());
     let recomputed = shape_counts(card, range.start..recomputed_end);
+    // Layer-level activation offload moves the chunk's first layers (Megatron keeps the
+    // last one: the rule caps the count below the chunk's layers).
+    let offloaded_end = (range.start + l.activation_offload_layers).min(range.end);
+    let offloaded = shape_counts(card, range.start..offloaded_end);
     for (i, sc) in counts.iter().enumerate() {
         if sc.layers == 0 {
             continue;
@@ -231,6 +238,13 @@ fn stage_cost(
             Recompute::Selective => cost.recompute.add(&k.recompute_selective, n),
             Recompute::None => {}
         }
+        let full = match l.recompute {
+            Recompute::Full => recomputed[i].layers,
+            _ => 0,
+        };
+        let whole = offloaded[i].layers;
+        let groups = sc.layers.saturating_sub(full).saturating_sub(whole);
+        add_offload_copies(st, &k, sc.shape.kind, copies, groups, whole, &mut cost);
         let p = kinds.params(sc.shape.kind);
         cost.params.non_expert += p.non_expert * n;
         cost.params.expert += p.expert * n;
@@ -246,6 +260,45 @@ fn stage_cost(
     }
     cost.backward.add(&cost.recompute, 1.0);
     cost
+}
+
+/// The host-link copies of the layout's activation offloads that a layer's compute does not
+/// hide, added to the stage per micro-batch: `groups` layers of this kind copy their
+/// fine-grained offload groups and `whole` layers all their activations (layer-level offload)
+/// to the host in the forward, on a side stream behind the layer's forward kernels
+/// (Megatron-Core `fine_grained_activation_offload.py`: `group_offload` on `d2h_stream`;
+/// Transformer Engine's CPU offload handler), and back in the backward, where the reload
+/// must arrive before the layer's backward can start and is prefetched behind the backward
+/// of the layer after it (`h2d_stream`; the compute stream waits on it). Each direction costs
+/// what the copy takes beyond the GPU time of one layer's pass (a layer's neighbours run the
+/// same kernels). The margin of groups Megatron keeps on the GPU (two layers of a micro-batch,
+/// see the memory model) is copied here too: at most two layers' copies too many per
+/// micro-batch, on the safe side.
+fn add_offload_copies(
+    st: &Setup,
+    k: &KindCost,
+    kind: LayerKind,
+    copies: &HostCopyBytes,
+    groups: u32,
+    whole: u32,
+    cost: &mut StageCost,
+) {
+    let hw = &st.s.hardware;
+    let (group_bytes, layer_bytes) = match kind {
+        LayerKind::Moe if st.s.model.moe.is_some() => (copies.moe_groups, copies.moe_layer),
+        _ => (copies.dense_groups, copies.dense_layer),
+    };
+    let forward = k.forward.total();
+    let backward = k.backward.total() + k.weight;
+    for (layers, bytes) in [(groups, group_bytes), (whole, layer_bytes)] {
+        if layers == 0 || bytes <= 0.0 {
+            continue;
+        }
+        let copy = hw.host_copy_seconds(bytes);
+        let n = layers as f64;
+        cost.forward.offload += n * (copy - forward).max(0.0);
+        cost.backward.offload += n * (copy - backward).max(0.0);
+    }
 }
 
 /// The embedding lookup and its table.
