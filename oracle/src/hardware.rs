@@ -375,20 +375,11 @@ impl HardwareProfile {
         }
         positive("scaleUp.bandwidthGbps", self.scale_up.bandwidth_gbps)?;
         positive("scaleOut.bandwidthGbps", self.scale_out.bandwidth_gbps)?;
-        if !(self.scale_up.latency_us >= 0.0 && self.scale_out.latency_us >= 0.0) {
-            return Err(FieldError::new(
-                format!("{at}.scaleUp.latencyUs"),
-                "latencies must be non-negative",
-            ));
-        }
+        microseconds(at, "scaleUp.latencyUs", self.scale_up.latency_us)?;
+        microseconds(at, "scaleOut.latencyUs", self.scale_out.latency_us)?;
         if let Some(link) = &self.host_link {
             positive("hostLink.bandwidthGbps", link.bandwidth_gbps)?;
-            if !(link.latency_us.is_finite() && link.latency_us >= 0.0) {
-                return Err(FieldError::new(
-                    format!("{at}.hostLink.latencyUs"),
-                    format!("must be a non-negative number, got {}", link.latency_us),
-                ));
-            }
+            microseconds(at, "hostLink.latencyUs", link.latency_us)?;
         }
         self.validate_efficiency(at)
     }
@@ -414,13 +405,9 @@ impl HardwareProfile {
             ("efficiency.graphLaunchUs", e.graph_launch_us.unwrap_or(0.0)),
             ("efficiency.libraryLaunchUs", e.library_launch_us),
             ("efficiency.stepOverheadMs", e.step_overhead_ms),
+            ("efficiency.kernelOverheadUs", e.kernel_overhead_us),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(FieldError::new(
-                    format!("{at}.{name}"),
-                    format!("must be a non-negative number, got {v}"),
-                ));
-            }
+            microseconds(at, name, v)?;
         }
         if !(e.ep_overlap.is_finite() && (0.0..=1.0).contains(&e.ep_overlap)) {
             return Err(FieldError::new(
@@ -441,36 +428,66 @@ impl HardwareProfile {
                 ));
             }
         }
-        if e.kernel_overhead_us.is_nan() || e.kernel_overhead_us < 0.0 {
-            return Err(FieldError::new(
-                format!("{at}.efficiency.kernelOverheadUs"),
-                "must be non-negative",
-            ));
-        }
         Ok(())
     }
 }
 
 /// `at.name` must be a positive number.
 fn positive(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
-    if v.is_finite() && v > 0.0 {
+    if v.is_finite() && (MIN_FIGURE..=MAX_FIGURE).contains(&v) {
         Ok(())
     } else {
         Err(FieldError::new(
             format!("{at}.{name}"),
-            format!("must be a positive number, got {v}"),
+            format!(
+                "must be a positive number in [{MIN_FIGURE}, {MAX_FIGURE:e}], got {}",
+                shown(v)
+            ),
         ))
     }
 }
 
-/// `at.name` must be a fraction in (0, 1].
-fn fraction(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
-    if v.is_finite() && v > 0.0 && v <= 1.0 {
+/// `at.name` must be a latency or host cost in [0, [`MAX_MICROSECONDS`]].
+fn microseconds(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
+    if v.is_finite() && (0.0..=MAX_MICROSECONDS).contains(&v) {
         Ok(())
     } else {
         Err(FieldError::new(
             format!("{at}.{name}"),
-            format!("must be a fraction in (0, 1], got {v}"),
+            format!(
+                "must be a number in [0, {MAX_MICROSECONDS:e}], got {}",
+                shown(v)
+            ),
+        ))
+    }
+}
+
+/// A rejected figure as the message shows it: scientific notation when tiny or huge.
+fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e9).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// The range of a profile's positive figures (rates in TFLOP/s and GB/s, capacities in GiB,
+/// GEMM sizes in GFLOP): any real GPU is far inside it, and the time model divides by them, so
+/// a figure outside it (a subnormal bandwidth, say) would turn a step time infinite.
+pub const MIN_FIGURE: f64 = 1e-3;
+pub const MAX_FIGURE: f64 = 1e9;
+/// The largest latency or host cost a profile may give, microseconds (milliseconds for the
+/// step overhead): one second, far above any real figure.
+pub const MAX_MICROSECONDS: f64 = 1e6;
+
+/// `at.name` must be a fraction in [[`MIN_FIGURE`], 1].
+fn fraction(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
+    if v.is_finite() && (MIN_FIGURE..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            format!("{at}.{name}"),
+            format!("must be a fraction in [{MIN_FIGURE}, 1], got {}", shown(v)),
         ))
     }
 }

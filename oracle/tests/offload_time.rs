@@ -207,6 +207,28 @@ fn a_profile_without_a_host_link_times_no_copies_and_a_bad_one_is_refused() {
     });
     let err = hw.validate("hardware").unwrap_err().to_string();
     assert!(err.contains("hostLink.latencyUs"), "{err}");
+    // A subnormal bandwidth would make the copies (and the step) infinite: refused, named.
+    hw.host_link = Some(Link {
+        bandwidth_gbps: 1e-310,
+        latency_us: 2.0,
+    });
+    let err = hw.validate("hardware").unwrap_err().to_string();
+    assert!(
+        err.contains("hostLink.bandwidthGbps") && err.contains("got 1e-310"),
+        "{err}"
+    );
+    // The slowest link a profile may name still gives a finite step.
+    let mut s = scenario("qwen3-30b-a3b", "h100-sxm", 8, 64);
+    s.hardware.host_link = Some(Link {
+        bandwidth_gbps: primus_oracle::hardware::MIN_FIGURE,
+        latency_us: primus_oracle::hardware::MAX_MICROSECONDS,
+    });
+    s.hardware.validate("hardware").unwrap();
+    let l = Layout {
+        optimizer_cpu_offload: true,
+        ..qwen3_30b(&[ExpertFc1, MoeAct])
+    };
+    assert!(project(&s, &l).step_time_seconds.is_finite());
 }
 
 #[test]
