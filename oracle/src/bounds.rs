@@ -457,6 +457,16 @@ fn write_limit(p: &mut serde_json::Map<String, serde_json::Value>, limit: Limit)
     }
 }
 
+/// A number as an error message shows it: scientific notation when tiny or huge (a subnormal
+/// written out in full is hundreds of digits), plain otherwise.
+pub fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e9).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -340,7 +340,9 @@ impl AnalyticTimer {
         let size = m * n * k / (1u64 << 30) as f64;
         let mut eff = max * size / (size + e.gemm_half_size_gflop);
         if e.gemm_half_dim > 0.0 {
-            let d = m.min(n).min(k);
+            // A GEMM fills at least one row of a tile: a fraction of a row (an expert's
+            // average load under a tiny capacity) is timed as one.
+            let d = m.min(n).min(k).max(1.0);
             eff *= d / (d + e.gemm_half_dim);
         }
         eff

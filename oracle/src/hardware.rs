@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{FlexBackend, Fp8Recipe};
-use crate::bounds::{self, Bound, Bounded, Seen, limits};
+use crate::bounds::{self, Bound, Bounded, Seen, limits, shown};
 use crate::error::FieldError;
 use crate::precision::Precision;
 use crate::units::{GB, GIB, MICROSECOND, TERA};
@@ -459,15 +459,6 @@ fn microseconds(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
                 shown(v)
             ),
         ))
-    }
-}
-
-/// A rejected figure as the message shows it: scientific notation when tiny or huge.
-fn shown(v: f64) -> String {
-    if v != 0.0 && v.is_finite() && !(1e-3..1e9).contains(&v.abs()) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
     }
 }
 

@@ -26,7 +26,9 @@ pub use moe::{
 pub use offload::{OffloadModule, OffloadSet};
 pub use pipeline::{PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout};
 pub use recompute::{ModuleSet, RecomputeModule, SubmoduleName, Submodules};
-pub use rules::{Broken, LayoutError, MAX_CAPACITY_FACTOR, RuleId};
+pub use rules::{
+    Broken, LayoutError, MAX_CAPACITY_FACTOR, MIN_CAPACITY_FACTOR, RuleId, capacity_factor_in_range,
+};
 
 use memory_options::{
     full_fraction, is_false, is_fp32, is_full_fraction, is_megatron_dropout, is_zero,

@@ -665,11 +665,16 @@ impl ModelCard {
                 ));
             }
             if let Some(c) = m.capacity_factor
-                && !(c.is_finite() && c > 0.0)
+                && !crate::layout::capacity_factor_in_range(c)
             {
                 return Err(FieldError::new(
                     format!("{at}.moe.capacityFactor"),
-                    "must be a positive number (omit it for dropless routing)",
+                    format!(
+                        "must be a number in [{}, {}] (omit it for dropless routing), got {}",
+                        crate::layout::MIN_CAPACITY_FACTOR,
+                        crate::layout::MAX_CAPACITY_FACTOR,
+                        crate::bounds::shown(c)
+                    ),
                 ));
             }
         }

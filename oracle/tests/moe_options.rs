@@ -174,6 +174,28 @@ fn capacity_rules() {
         "capacity-factor-range",
         "spec.parallelism.moe.capacityFactor",
     );
+    // A subnormal factor priced the experts' GEMMs at a vanishing fraction of a row, the step
+    // time infinite: refused, the value shown readably; the smallest allowed one projects a
+    // finite step, padded or dropping.
+    x.moe.capacity_factor = Some(Factor(1e-310));
+    let e = broken(&s, &x);
+    assert_eq!(e.rule, "capacity-factor-range");
+    assert!(e.to_string().contains("got 1e-310"), "{e}");
+    for pad in [true, false] {
+        x.moe.capacity_factor = Some(Factor(primus_oracle::layout::MIN_CAPACITY_FACTOR));
+        x.moe.pad_to_capacity = pad;
+        x.check(&s).expect("the smallest capacity factor");
+        let p = primus_oracle::projection::project(&s, &x).unwrap();
+        assert!(p.step_time_seconds.is_finite() && p.step_time_seconds > 0.0);
+    }
+    // A model card's default capacity factor is held to the same range.
+    let mut card = s.model.clone();
+    card.moe.as_mut().unwrap().capacity_factor = Some(1e300);
+    let err = card.validate("spec.model.card").unwrap_err().to_string();
+    assert!(
+        err.contains("spec.model.card.moe.capacityFactor") && err.contains("got 1e300"),
+        "{err}"
+    );
     let mut x = l.clone();
     x.moe.capacity_factor = None;
     expect(

@@ -9,7 +9,7 @@ use crate::scenario::Scenario;
 
 mod moe;
 
-pub use moe::MAX_CAPACITY_FACTOR;
+pub use moe::{MAX_CAPACITY_FACTOR, MIN_CAPACITY_FACTOR, capacity_factor_in_range};
 
 /// One broken legality rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,6 +15,15 @@ use crate::scenario::Scenario;
 /// The largest capacity factor a plan may give (`capacityFactor`, `rankCapacityFactor`): a
 /// rank holding 64 times its balanced load is no longer a capacity limit.
 pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
+/// The smallest: an expert that may keep 1% of its balanced load drops nearly every token;
+/// below it the experts' GEMMs would be priced at a vanishing fraction of a row.
+pub const MIN_CAPACITY_FACTOR: f64 = 0.01;
+
+/// Whether a capacity factor (a plan's or a model card's) is in
+/// [[`MIN_CAPACITY_FACTOR`], [`MAX_CAPACITY_FACTOR`]].
+pub fn capacity_factor_in_range(f: f64) -> bool {
+    f.is_finite() && (MIN_CAPACITY_FACTOR..=MAX_CAPACITY_FACTOR).contains(&f)
+}
 
 impl Layout {
     /// Every rule of this module.
@@ -206,12 +215,12 @@ impl Layout {
             ("moe.rankCapacityFactor", m.rank_capacity_factor),
         ] {
             if let Some(f) = v
-                && !(f.get().is_finite() && f.get() > 0.0 && f.get() <= MAX_CAPACITY_FACTOR)
+                && !capacity_factor_in_range(f.get())
             {
                 return broken("capacity-factor-range", name, || {
                     format!(
-                        "must be a number in (0, {MAX_CAPACITY_FACTOR}], got {}",
-                        f.get()
+                        "must be a number in [{MIN_CAPACITY_FACTOR}, {MAX_CAPACITY_FACTOR}], got {}",
+                        crate::bounds::shown(f.get())
                     )
                 });
             }
