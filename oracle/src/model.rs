@@ -665,14 +665,14 @@ impl ModelCard {
                 ));
             }
             if let Some(c) = m.capacity_factor
-                && !crate::layout::capacity_factor_in_range(c)
+                && !capacity_factor_in_range(c)
             {
                 return Err(FieldError::new(
                     format!("{at}.moe.capacityFactor"),
                     format!(
                         "must be a number in [{}, {}] (omit it for dropless routing), got {}",
-                        crate::layout::MIN_CAPACITY_FACTOR,
-                        crate::layout::MAX_CAPACITY_FACTOR,
+                        MIN_CAPACITY_FACTOR,
+                        MAX_CAPACITY_FACTOR,
                         crate::bounds::shown(c)
                     ),
                 ));
@@ -680,4 +680,16 @@ impl ModelCard {
         }
         Ok(())
     }
+}
+/// The largest capacity factor a plan (`capacityFactor`, `rankCapacityFactor`) or a model card may give: a
+/// rank holding 64 times its balanced load is no longer a capacity limit.
+pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
+/// The smallest: an expert that may keep 1% of its balanced load drops nearly every token;
+/// below it the experts' GEMMs would be priced at a vanishing fraction of a row.
+pub const MIN_CAPACITY_FACTOR: f64 = 0.01;
+
+/// Whether a capacity factor (a plan's or a model card's) is in
+/// [[`MIN_CAPACITY_FACTOR`], [`MAX_CAPACITY_FACTOR`]] (the layout rules and the card's check).
+pub fn capacity_factor_in_range(f: f64) -> bool {
+    f.is_finite() && (MIN_CAPACITY_FACTOR..=MAX_CAPACITY_FACTOR).contains(&f)
 }

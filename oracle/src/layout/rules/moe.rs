@@ -12,18 +12,7 @@ use crate::layout::{
 use crate::precision::Precision;
 use crate::scenario::Scenario;
 
-/// The largest capacity factor a plan may give (`capacityFactor`, `rankCapacityFactor`): a
-/// rank holding 64 times its balanced load is no longer a capacity limit.
-pub const MAX_CAPACITY_FACTOR: f64 = 64.0;
-/// The smallest: an expert that may keep 1% of its balanced load drops nearly every token;
-/// below it the experts' GEMMs would be priced at a vanishing fraction of a row.
-pub const MIN_CAPACITY_FACTOR: f64 = 0.01;
-
-/// Whether a capacity factor (a plan's or a model card's) is in
-/// [[`MIN_CAPACITY_FACTOR`], [`MAX_CAPACITY_FACTOR`]].
-pub fn capacity_factor_in_range(f: f64) -> bool {
-    f.is_finite() && (MIN_CAPACITY_FACTOR..=MAX_CAPACITY_FACTOR).contains(&f)
-}
+pub use crate::model::{MAX_CAPACITY_FACTOR, MIN_CAPACITY_FACTOR, capacity_factor_in_range};
 
 impl Layout {
     /// Every rule of this module.
