@@ -56,8 +56,8 @@ impl Link {
 /// Fraction of the host link's bandwidth one copy engine reaches with pinned host memory
 /// (`cudaMemcpyAsync` / `hipMemcpyAsync`): PCIe's 128b/130b encoding and TLP headers leave
 /// about 85% of a Gen5 x16 link's 64 GB/s (NVIDIA's nvbandwidth `host_to_device_memcpy_ce`
-/// reads ~55 GB/s on H100 SXM), and NVLink-C2C about as much of its 450 GB/s. One constant for
-/// every link (not fitted).
+/// reads ~55 GB/s on H100 SXM); NVLink-C2C is assumed to reach the same fraction of its
+/// 450 GB/s (no public copy-engine figure here). One constant for every link, not fitted.
 pub const HOST_COPY_EFFICIENCY: f64 = 0.85;
 
 /// How Kubernetes exposes this GPU kind on a node.
@@ -432,7 +432,7 @@ impl HardwareProfile {
     }
 }
 
-/// `at.name` must be a positive number.
+/// `at.name` must be a positive number in [[`MIN_FIGURE`], [`MAX_FIGURE`]].
 fn positive(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
     if v.is_finite() && (MIN_FIGURE..=MAX_FIGURE).contains(&v) {
         Ok(())
@@ -467,8 +467,9 @@ fn microseconds(at: &str, name: &str, v: f64) -> Result<(), FieldError> {
 /// a figure outside it (a subnormal bandwidth, say) would turn a step time infinite.
 pub const MIN_FIGURE: f64 = 1e-3;
 pub const MAX_FIGURE: f64 = 1e9;
-/// The largest latency or host cost a profile may give, microseconds (milliseconds for the
-/// step overhead): one second, far above any real figure.
+/// The largest latency or host cost a profile may give: 1e6 microseconds is a second, 1e6
+/// milliseconds (the step overhead's unit) a quarter of an hour; both far above any real
+/// figure.
 pub const MAX_MICROSECONDS: f64 = 1e6;
 
 /// `at.name` must be a fraction in [[`MIN_FIGURE`], 1].
