@@ -474,13 +474,11 @@ fn the_writer_writes_the_plans_memory_options_over_the_templates() {
     assert_eq!(back.hidden_dropout, Fraction::ZERO);
 }
 
-#[test]
-fn a_fused_grouped_mlp_job_gets_the_op_fuser_flag_and_its_cutedsl_switch() {
+/// Qwen3-30B-A3B on 8 GPUs of `gpu`, seq 4096, global batch 64, EP8 with the alltoall
+/// dispatcher and the grouped GEMM.
+fn qwen3_30b_ep8(gpu: &str) -> (Scenario, Layout) {
     use primus_oracle::layout::{GroupedGemm, TokenDispatcher};
-    // Qwen3-30B-A3B on 8 GB200 with the experts' fused grouped MLP: Megatron takes the fused
-    // path only with NVTE_CUTEDSL_FUSED_GROUPED_MLP > 0, so the writer sets it to 1, over a
-    // template that turned it off.
-    let mut s = scenario("gb200", 8);
+    let mut s = scenario(gpu, 8);
     s.model = primus_oracle::profiles::Catalog::builtin()
         .unwrap()
         .model("qwen3-30b-a3b")
@@ -494,6 +492,15 @@ fn a_fused_grouped_mlp_job_gets_the_op_fuser_flag_and_its_cutedsl_switch() {
     };
     l.moe.token_dispatcher = TokenDispatcher::Alltoall;
     l.moe.grouped_gemm = GroupedGemm::Grouped;
+    (s, l)
+}
+
+#[test]
+fn a_fused_grouped_mlp_job_gets_the_op_fuser_flag_and_its_cutedsl_switch() {
+    // Qwen3-30B-A3B on 8 GB200 with the experts' fused grouped MLP: Megatron takes the fused
+    // path only with NVTE_CUTEDSL_FUSED_GROUPED_MLP > 0, so the writer sets it to 1, over a
+    // template that turned it off.
+    let (s, mut l) = qwen3_30b_ep8("gb200");
     l.moe.fused_grouped_mlp = true;
     assert!(l.check(&s).is_ok(), "{:?}", l.check(&s));
     let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
@@ -548,4 +555,52 @@ fn a_fused_grouped_mlp_job_gets_the_op_fuser_flag_and_its_cutedsl_switch() {
             "0".to_string()
         )]
     );
+}
+
+#[test]
+fn a_fine_grained_offload_job_gets_transformer_engines_cpu_offload_v1_switch() {
+    use primus_oracle::layout::OffloadModule;
+    // Megatron-LM refuses to start fine-grained activation offloading on Transformer Engine
+    // 2.10+ unless NVTE_CPU_OFFLOAD_V1=1 (megatron/training/arguments.py): the writer sets it
+    // beside the flags, over a template that said 0, and leaves it alone without the offload.
+    let (s, mut l) = qwen3_30b_ep8("h100-sxm");
+    l.offload_modules = Some(vec![OffloadModule::ExpertFc1, OffloadModule::MoeAct]);
+    assert!(l.check(&s).is_ok(), "{:?}", l.check(&s));
+    let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
+        "containers": [{
+            "name": "pytorch",
+            "image": "registry.local/megatron:1",
+            "env": [{"name": "NVTE_CPU_OFFLOAD_V1", "value": "0"}]
+        }]
+    }}}}}});
+    let switch_of = |job: &Value, replica: &str| -> Vec<String> {
+        container(job, replica)["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "NVTE_CPU_OFFLOAD_V1")
+            .map(|e| e["value"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    let a = args(&container(&job, "Master"));
+    let joined = a.join(" ");
+    assert!(
+        joined
+            .contains("--fine-grained-activation-offloading --offload-modules expert_fc1 moe_act"),
+        "{a:?}"
+    );
+    assert_eq!(switch_of(&job, "Master"), vec!["1".to_string()]);
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert_eq!(back.offload_modules, l.offload_modules);
+    // Without the offload: no flag, and the template's setting stays.
+    l.offload_modules = None;
+    let job = pytorchjob("p", None, &s, &l, Some(&template), &JobOptions::default()).unwrap();
+    assert!(
+        !args(&container(&job, "Master"))
+            .contains(&"--fine-grained-activation-offloading".to_string())
+    );
+    assert_eq!(switch_of(&job, "Master"), vec!["0".to_string()]);
 }

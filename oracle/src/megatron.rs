@@ -12,6 +12,12 @@ mod moe;
 
 pub use moe::{FUSED_GROUPED_MLP_ENV, moe_flag};
 
+/// The environment variable Megatron-LM requires beside `--fine-grained-activation-offloading`
+/// with Transformer Engine 2.10 or later (`megatron/training/arguments.py`: the run asserts
+/// `NVTE_CPU_OFFLOAD_V1 == 1`, which keeps TE's CPU offload from moving weights); the job
+/// writer sets it to 1 with the flag. Older Transformer Engines ignore it.
+pub const FINE_GRAINED_OFFLOAD_ENV: &str = "NVTE_CPU_OFFLOAD_V1";
+
 use crate::error::FieldError;
 use crate::layout::{
     CrossEntropyFusion, Fraction, Layout, MEGATRON_DROPOUT, OffloadModule, OffloadSet,

@@ -12,7 +12,9 @@
 //!   resource of the hardware profile (`amd.com/gpu: 8`) in limits and requests, and the
 //!   layout's `expandableSegments` in PyTorch's allocator configuration (added to the vendor's
 //!   `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_HIP_ALLOC_CONF` when on, removed from any of them
-//!   when off);
+//!   when off), and the switches some options need to run at all: Transformer Engine's
+//!   `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1` with the fused grouped MLP, `NVTE_CPU_OFFLOAD_V1=1`
+//!   with fine-grained activation offloading;
 //! - a node selector on the profile's product label unless the template has one for it;
 //! - the `primus.dev/*` annotations the admission webhook reads back.
 //!
@@ -34,8 +36,8 @@ use primus_oracle::FieldError;
 use primus_oracle::hardware::Vendor;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{
-    ALLOC_CONF_ENV, FUSED_GROUPED_MLP_ENV, expandable_segments_in, flag, megatron_flags, moe_flag,
-    with_expandable_segments,
+    ALLOC_CONF_ENV, FINE_GRAINED_OFFLOAD_ENV, FUSED_GROUPED_MLP_ENV, expandable_segments_in, flag,
+    megatron_flags, moe_flag, with_expandable_segments,
 };
 use primus_oracle::scenario::Scenario;
 use serde_json::Value;
@@ -305,14 +307,21 @@ pub(crate) fn fill_container(
         });
     }
     // The fused grouped MLP the plan projected runs only with Transformer Engine's CuTe-DSL
-    // switch beside the op-fuser flag (Megatron-Core `moe/experts.py`).
-    if flags.iter().any(|f| f == moe_flag::TE_OP_FUSER) {
-        env.retain(|e| e.name != FUSED_GROUPED_MLP_ENV);
-        env.push(EnvVar {
-            name: FUSED_GROUPED_MLP_ENV.to_string(),
-            value: Some("1".to_string()),
-            ..EnvVar::default()
-        });
+    // switch beside the op-fuser flag (Megatron-Core `moe/experts.py`); fine-grained
+    // activation offloading starts only with TE's CPU offload v1 switch (Megatron-LM
+    // `arguments.py`, TE >= 2.10). Each is set to 1 over whatever the template said.
+    for (switch, env_name) in [
+        (moe_flag::TE_OP_FUSER, FUSED_GROUPED_MLP_ENV),
+        (flag::FINE_GRAINED_OFFLOAD, FINE_GRAINED_OFFLOAD_ENV),
+    ] {
+        if flags.iter().any(|f| f == switch) {
+            env.retain(|e| e.name != env_name);
+            env.push(EnvVar {
+                name: env_name.to_string(),
+                value: Some("1".to_string()),
+                ..EnvVar::default()
+            });
+        }
     }
     Ok(())
 }
