@@ -31,7 +31,7 @@ use crate::job_meta;
 use crate::pytorchjob::from_json_at;
 use crate::pytorchjob::template::AT;
 use crate::pytorchjob::writer::{
-    JobOptions, fill_container, job_metadata, set_container_allocator_env,
+    JobOptions, fill_container, job_metadata, set_container_allocator_env, set_container_queue_env,
 };
 use crate::training_plan::RuntimeRef as PlanRuntimeRef;
 
@@ -413,6 +413,7 @@ pub fn trainjob(
         opts,
     )?;
     set_container_allocator_env(&mut container, s.hardware.vendor, l.expandable_segments);
+    set_container_queue_env(&mut container, l);
     // A TrainJob's trainer has no working directory: the default script gets its full path.
     if let (Some(dir), Some(cmd)) = (container.working_dir.take(), container.command.as_mut())
         && let Some(script) = cmd

@@ -604,3 +604,74 @@ fn a_fine_grained_offload_job_gets_transformer_engines_cpu_offload_v1_switch() {
     );
     assert_eq!(switch_of(&job, "Master"), vec!["0".to_string()]);
 }
+
+#[test]
+fn the_job_runs_with_the_queue_settings_megatron_asserts_on() {
+    use primus_oracle::layout::{
+        CudaGraph, CudaGraphImpl, CudaGraphModule, FlexBackend, TokenDispatcher,
+    };
+    // Megatron-LM's start-up asserts (megatron/training/arguments.py): TP/CP > 1 on Hopper
+    // wants CUDA_DEVICE_MAX_CONNECTIONS=1; FSDP refuses 1; Transformer Engine's CUDA graphs
+    // over expandable segments want NCCL_GRAPH_REGISTER=0. Megatron-Bridge's scripts give the
+    // DeepEP/HybridEP dispatchers 32 queues and everything else CUDA's 8.
+    let value_of = |job: &Value, name: &str| -> Vec<String> {
+        container(job, "Master")["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let write = |s: &Scenario, l: &Layout, template: Option<&Value>| {
+        l.check(s).unwrap_or_else(|e| panic!("{e}"));
+        pytorchjob("p", None, s, l, template, &JobOptions::default()).unwrap()
+    };
+    let one = || vec!["1".to_string()];
+    // Llama 3.1 70B TP4 PP4 on 32 H100: 1.
+    let s = scenario("h100-sxm", 32);
+    let job = write(&s, &layout(), None);
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), one());
+    assert!(value_of(&job, "NCCL_GRAPH_REGISTER").is_empty());
+    // FSDP (TP1, 32 GPUs): 8, over a template's 1 that Megatron would refuse.
+    let fsdp = Layout {
+        fsdp: true,
+        distributed_optimizer: false,
+        micro_batch_size: 1,
+        recompute: primus_oracle::layout::Recompute::Full,
+        ..Layout::default()
+    };
+    let job = write(&s, &fsdp, None);
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), vec!["8"]);
+    let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
+        "containers": [{
+            "name": "pytorch",
+            "image": "registry.local/megatron:1",
+            "env": [{"name": "CUDA_DEVICE_MAX_CONNECTIONS", "value": "1"}]
+        }]
+    }}}}}});
+    let job = write(&s, &fsdp, Some(&template));
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), vec!["8"]);
+    // Without FSDP the template's own value stays.
+    let job = write(&s, &layout(), Some(&template));
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), one());
+    // Qwen3-30B-A3B EP8 with DeepEP: 32.
+    let (s, mut l) = qwen3_30b_ep8("h100-sxm");
+    l.moe.token_dispatcher = TokenDispatcher::Flex;
+    l.moe.flex_backend = Some(FlexBackend::Deepep);
+    let job = write(&s, &l, None);
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), vec!["32"]);
+    // Transformer Engine CUDA graphs with expandable segments: NCCL_GRAPH_REGISTER=0; with
+    // either alone, nothing.
+    let (s, mut l) = qwen3_30b_ep8("h100-sxm");
+    l.cuda_graph = CudaGraph {
+        implementation: CudaGraphImpl::TransformerEngine,
+        modules: vec![CudaGraphModule::Attn],
+    };
+    let job = write(&s, &l, None);
+    assert!(value_of(&job, "NCCL_GRAPH_REGISTER").is_empty());
+    l.expandable_segments = true;
+    let job = write(&s, &l, None);
+    assert_eq!(value_of(&job, "NCCL_GRAPH_REGISTER"), vec!["0"]);
+    assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), vec!["8"]);
+}

@@ -12,6 +12,37 @@ mod moe;
 
 pub use moe::{FUSED_GROUPED_MLP_ENV, moe_flag};
 
+/// The number of hardware work queues per GPU the CUDA runtime opens, which Megatron-LM
+/// constrains (`megatron/training/arguments.py`): torch FSDP2 and Megatron-FSDP assert it is
+/// not 1; TP or CP > 1 on pre-Blackwell GPUs asserts it is 1 unless FSDP or the EP overlap
+/// (`--overlap-moe-expert-parallel-comm`) is on.
+pub const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+/// NCCL's CUDA-graph buffer registration, which Megatron-LM requires off (`0`) when Transformer
+/// Engine's CUDA graphs run with the allocator's expandable segments (`arguments.py`: "to
+/// avoid illegal memory access").
+pub const NCCL_GRAPH_REGISTER_ENV: &str = "NCCL_GRAPH_REGISTER";
+
+/// The `CUDA_DEVICE_MAX_CONNECTIONS` a job of layout `l` runs with when its template does not
+/// set it, as Megatron-Bridge's performance scripts pick it (`scripts/performance/utils/
+/// overrides.py`) within Megatron-LM's asserts: 1 with TP or CP > 1 (neither FSDP nor the EP
+/// overlap on: the value every GPU generation accepts), 32 with the DeepEP or HybridEP
+/// dispatcher, 8 otherwise (CUDA's own default). Never 1 under FSDP.
+pub fn max_connections(l: &Layout) -> &'static str {
+    use crate::backend::FlexBackend;
+    if (l.tp > 1 || l.cp > 1) && !l.fsdp && !l.moe.ep_overlap {
+        "1"
+    } else if l.moe.token_dispatcher == crate::layout::TokenDispatcher::Flex
+        && matches!(
+            l.moe.flex_backend,
+            None | Some(FlexBackend::Deepep) | Some(FlexBackend::Hybridep)
+        )
+    {
+        "32"
+    } else {
+        "8"
+    }
+}
+
 /// The environment variable Megatron-LM requires beside `--fine-grained-activation-offloading`
 /// with Transformer Engine 2.10 or later (`megatron/training/arguments.py`: the run asserts
 /// `NVTE_CPU_OFFLOAD_V1 == 1`, which keeps TE's CPU offload from moving weights); the job

@@ -14,7 +14,10 @@
 //!   `PYTORCH_CUDA_ALLOC_CONF` / `PYTORCH_HIP_ALLOC_CONF` when on, removed from any of them
 //!   when off), and the switches some options need to run at all: Transformer Engine's
 //!   `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1` with the fused grouped MLP, `NVTE_CPU_OFFLOAD_V1=1`
-//!   with fine-grained activation offloading;
+//!   with fine-grained activation offloading, `NCCL_GRAPH_REGISTER=0` with Transformer
+//!   Engine's CUDA graphs over expandable segments, and `CUDA_DEVICE_MAX_CONNECTIONS` as
+//!   [`max_connections`] picks it when the template does not set it (a template's 1 is raised
+//!   under FSDP, which refuses it);
 //! - a node selector on the profile's product label unless the template has one for it;
 //! - the `primus.dev/*` annotations the admission webhook reads back.
 //!
@@ -34,10 +37,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use primus_oracle::FieldError;
 use primus_oracle::hardware::Vendor;
+use primus_oracle::layout::CudaGraphImpl;
 use primus_oracle::layout::Layout;
 use primus_oracle::megatron::{
-    ALLOC_CONF_ENV, FINE_GRAINED_OFFLOAD_ENV, FUSED_GROUPED_MLP_ENV, expandable_segments_in, flag,
-    megatron_flags, moe_flag, with_expandable_segments,
+    ALLOC_CONF_ENV, FINE_GRAINED_OFFLOAD_ENV, FUSED_GROUPED_MLP_ENV, MAX_CONNECTIONS_ENV,
+    NCCL_GRAPH_REGISTER_ENV, expandable_segments_in, flag, max_connections, megatron_flags,
+    moe_flag, with_expandable_segments,
 };
 use primus_oracle::scenario::Scenario;
 use serde_json::Value;
@@ -93,9 +98,6 @@ pub const PRIMUS_EXPERIMENT: &str = "examples/megatron/exp_pretrain.yaml";
 /// Overrides of the default (template-less) Primus container besides the layout and model: a
 /// short run on mock data.
 pub const PRIMUS_EXTRA_ARGS: &[&str] = &["--train_iters", "100", "--mock_data", "True"];
-
-/// Megatron wants one hardware queue per device for its TP/SP communication overlap.
-const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 /// Options of the writer.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -164,7 +166,7 @@ pub fn pytorchjob(
         let pod = replica.template.get_or_insert_default();
         let at = format!("{replicas_at}.{source}.template");
         fill_pod_template(pod, s, &flags, t.from_user, nproc, &at, opts)?;
-        set_allocator_env(pod, s.hardware.vendor, l.expandable_segments);
+        set_allocator_env(pod, s.hardware.vendor, l);
         job.spec
             .pytorch_replica_specs
             .insert(role.to_string(), replica);
@@ -299,13 +301,6 @@ pub(crate) fn fill_container(
     }
     set_gpu_resources(container, &s.hardware.kubernetes.resource, nproc);
     let env = container.env.get_or_insert_default();
-    if !env.iter().any(|e| e.name == MAX_CONNECTIONS_ENV) {
-        env.push(EnvVar {
-            name: MAX_CONNECTIONS_ENV.to_string(),
-            value: Some("1".to_string()),
-            ..EnvVar::default()
-        });
-    }
     // The fused grouped MLP the plan projected runs only with Transformer Engine's CuTe-DSL
     // switch beside the op-fuser flag (Megatron-Core `moe/experts.py`); fine-grained
     // activation offloading starts only with TE's CPU offload v1 switch (Megatron-LM
@@ -337,13 +332,40 @@ pub fn alloc_conf_env(vendor: Vendor) -> &'static str {
 /// `expandable_segments` in the `pytorch` container's allocator configuration as the layout
 /// says: every allocator variable of the template is rewritten (the option removed when off,
 /// others kept), and with it on the vendor's variable is added when absent.
-fn set_allocator_env(pod: &mut PodTemplateSpec, vendor: Vendor, on: bool) {
+fn set_allocator_env(pod: &mut PodTemplateSpec, vendor: Vendor, l: &Layout) {
     if let Some(container) = pod
         .spec
         .as_mut()
         .and_then(|spec| spec.containers.iter_mut().find(|c| c.name == CONTAINER))
     {
-        set_container_allocator_env(container, vendor, on);
+        set_container_allocator_env(container, vendor, l.expandable_segments);
+        set_container_queue_env(container, l);
+    }
+}
+
+/// The environment Megatron-LM asserts on at start for the layout, in the training container:
+/// `CUDA_DEVICE_MAX_CONNECTIONS` ([`max_connections`] when the template does not set it; a
+/// template's 1 raised to it under FSDP, which refuses 1) and, with Transformer Engine's CUDA
+/// graphs over expandable segments, `NCCL_GRAPH_REGISTER=0`.
+pub(crate) fn set_container_queue_env(container: &mut Container, l: &Layout) {
+    let env = container.env.get_or_insert_default();
+    let want = max_connections(l);
+    match env.iter_mut().find(|e| e.name == MAX_CONNECTIONS_ENV) {
+        None => env.push(EnvVar {
+            name: MAX_CONNECTIONS_ENV.to_string(),
+            value: Some(want.to_string()),
+            ..EnvVar::default()
+        }),
+        Some(e) if l.fsdp && e.value.as_deref() == Some("1") => e.value = Some(want.to_string()),
+        Some(_) => {}
+    }
+    if l.expandable_segments && l.cuda_graph.implementation == CudaGraphImpl::TransformerEngine {
+        env.retain(|e| e.name != NCCL_GRAPH_REGISTER_ENV);
+        env.push(EnvVar {
+            name: NCCL_GRAPH_REGISTER_ENV.to_string(),
+            value: Some("0".to_string()),
+            ..EnvVar::default()
+        });
     }
 }
 
