@@ -643,6 +643,31 @@ fn the_job_runs_with_the_queue_settings_megatron_asserts_on() {
     };
     let job = write(&s, &fsdp, None);
     assert_eq!(value_of(&job, "CUDA_DEVICE_MAX_CONNECTIONS"), vec!["8"]);
+    // torch FSDP2 also asserts the fused gradient accumulation off; Megatron-FSDP its
+    // checkpoint format. Both jobs read back to their layout.
+    let a = args(&container(&job, "Master"));
+    assert!(
+        a.contains(&"--no-gradient-accumulation-fusion".to_string()),
+        "{a:?}"
+    );
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert!(back.fsdp && back.fsdp_kind == primus_oracle::layout::FsdpKind::Torch);
+    let mfsdp = Layout {
+        fsdp_kind: primus_oracle::layout::FsdpKind::Megatron,
+        ..fsdp.clone()
+    };
+    let a = args(&container(&write(&s, &mfsdp, None), "Master"));
+    let at = a
+        .iter()
+        .position(|x| x == "--ckpt-format")
+        .expect("--ckpt-format");
+    assert_eq!(a[at + 1], "fsdp_dtensor");
+    let back = MegatronArgs::parse(a.iter().map(String::as_str))
+        .layout(&s.model)
+        .unwrap();
+    assert!(back.fsdp && back.fsdp_kind == primus_oracle::layout::FsdpKind::Megatron);
     let template = json!({"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
         "containers": [{
             "name": "pytorch",

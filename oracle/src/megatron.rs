@@ -12,6 +12,10 @@ mod moe;
 
 pub use moe::{FUSED_GROUPED_MLP_ENV, moe_flag};
 
+/// The checkpoint format Megatron-FSDP asserts (`arguments.py`: "Megatron-FSDP requires the
+/// `fsdp_dtensor` checkpointing format"), written with `--use-megatron-fsdp`.
+pub const FSDP_CKPT_FORMAT: &str = "fsdp_dtensor";
+
 /// The number of hardware work queues per GPU the CUDA runtime opens, which Megatron-LM
 /// constrains (`megatron/training/arguments.py`): torch FSDP2 and Megatron-FSDP assert it is
 /// not 1; TP or CP > 1 on pre-Blackwell GPUs asserts it is 1 unless FSDP or the EP overlap
@@ -79,6 +83,10 @@ pub mod flag {
     pub const DIST_OPT: &str = "--use-distributed-optimizer";
     pub const SP: &str = "--sequence-parallel";
     pub const FSDP: &str = "--use-torch-fsdp2";
+    /// Off under torch FSDP2, which asserts it (Megatron's default is on).
+    pub const NO_GRAD_ACCUM_FUSION: &str = "--no-gradient-accumulation-fusion";
+    /// The checkpoint format; Megatron-FSDP asserts `fsdp_dtensor` ([`super::FSDP_CKPT_FORMAT`]).
+    pub const CKPT_FORMAT: &str = "--ckpt-format";
     pub const ZERO_BUBBLE: &str = "--enable-zero-bubble";
     pub const FIRST_STAGE_LAYERS: &str = "--decoder-first-pipeline-num-layers";
     pub const LAST_STAGE_LAYERS: &str = "--decoder-last-pipeline-num-layers";
@@ -321,11 +329,16 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
         }
     }
     if l.fsdp && l.fsdp_kind == crate::layout::FsdpKind::Megatron {
-        // Megatron-FSDP (v1) runs on the distributed optimizer (arguments.py turns it on).
+        // Megatron-FSDP (v1) runs on the distributed optimizer (arguments.py turns it on) and
+        // asserts its own checkpoint format.
         a.push(moe_flag::MEGATRON_FSDP.into());
         a.push(flag::DIST_OPT.into());
+        a.push(flag::CKPT_FORMAT.into());
+        a.push(FSDP_CKPT_FORMAT.into());
     } else if l.fsdp {
+        // torch FSDP2 asserts that the fused gradient accumulation is off (arguments.py).
         a.push(flag::FSDP.into());
+        a.push(flag::NO_GRAD_ACCUM_FUSION.into());
     } else if l.distributed_optimizer {
         a.push(flag::DIST_OPT.into());
     }

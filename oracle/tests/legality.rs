@@ -843,6 +843,30 @@ fn fsdp_excludes_pipeline_and_expert_parallelism() {
     }
     .check(&s)
     .unwrap();
+    // torch FSDP2 asserts untied embeddings (arguments.py); GPT-3 175B ties them, and
+    // Megatron-FSDP takes it.
+    let gpt3 = scenario("gpt3-175b", 64, 2048, 256);
+    let e = broken(
+        &gpt3,
+        Layout {
+            tp: 8,
+            fsdp: true,
+            ..Layout::default()
+        },
+    );
+    assert_eq!(
+        (e.rule, e.field.as_str()),
+        ("fsdp-needs-untied-embeddings", "spec.parallelism.fsdp"),
+        "{e}"
+    );
+    Layout {
+        tp: 8,
+        fsdp: true,
+        fsdp_kind: primus_oracle::layout::FsdpKind::Megatron,
+        ..Layout::default()
+    }
+    .check(&gpt3)
+    .unwrap();
 }
 
 #[test]

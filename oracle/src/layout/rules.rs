@@ -148,18 +148,19 @@ impl Layout {
         self.check_batch::<E>(s)?;
         self.check_schedule::<E>(s)?;
         self.check_recompute::<E>(s)?;
-        self.check_sharding::<E>()?;
+        self.check_sharding::<E>(s)?;
         Ok(())
     }
 
     /// Megatron's torch FSDP2 path (`--use-torch-fsdp2`) shards whole layers over the data
     /// parallel group and supports neither pipeline nor expert parallelism
     /// (`megatron/training/arguments.py`: "--use-torch-fsdp2 is not supported with pipeline
-    /// parallelism / expert parallelism"); it replaces the distributed optimizer. Megatron-FSDP
+    /// parallelism / expert parallelism"), nor tied embeddings ("requires
+    /// --untie-embeddings-and-output-weights"); it replaces the distributed optimizer. Megatron-FSDP
     /// (`--use-megatron-fsdp`, `fsdpKind: megatron`) has neither restriction: it shards the
     /// experts over the expert-data-parallel group
     /// (`megatron/core/distributed/fsdp/mcore_fsdp_adapter.py`).
-    fn check_sharding<E: Broken>(&self) -> Result<(), E> {
+    fn check_sharding<E: Broken>(&self, s: &Scenario) -> Result<(), E> {
         if !self.fsdp {
             if self.fsdp_kind != FsdpKind::Torch {
                 return broken("fsdp-kind-needs-fsdp", "fsdpKind", || {
@@ -185,6 +186,14 @@ impl Layout {
                     "FSDP does not support expert parallelism (ep = {})",
                     self.ep
                 )
+            });
+        }
+        // arguments.py: "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights".
+        if s.model.tied_embeddings {
+            return broken("fsdp-needs-untied-embeddings", "fsdp", || {
+                "torch FSDP2 needs untied input and output embeddings; this model ties them \
+                 (fsdpKind: megatron has no such limit)"
+                    .to_string()
             });
         }
         Ok(())

@@ -29,6 +29,11 @@ pub const RENAMED: &[(&str, &str)] = &[
     (flag::ZERO_BUBBLE, "patch_zero_bubble"),
 ];
 
+/// Megatron switches that turn a default off (`--no-X`, `dest='X'`, `store_false`): Primus
+/// reads the argument's own key, set to false.
+pub const NEGATED: &[(&str, &str)] =
+    &[(flag::NO_GRAD_ACCUM_FUSION, "gradient_accumulation_fusion")];
+
 /// Keys read as a flag besides that flag's own key: Primus's trainer reads the number of
 /// virtual pipeline stages from `num_virtual_stages_per_pipeline_rank`, its projection from
 /// `virtual_pipeline_model_parallel_size` (primus/agents/tuning_agent/evaluator.py sets both).
@@ -115,6 +120,9 @@ pub const PINNED: &[(&str, Pin)] = &[
 pub fn key_of(f: &str) -> String {
     if f == flag::MOE_FIRST_DENSE {
         return MOE_LAYER_FREQ.to_string();
+    }
+    if let Some((_, k)) = NEGATED.iter().find(|(fl, _)| *fl == f) {
+        return k.to_string();
     }
     match RENAMED.iter().find(|(fl, _)| *fl == f) {
         Some((_, k)) => k.to_string(),

@@ -244,7 +244,9 @@ pub fn from_flags(flags: &[String]) -> Vec<(String, String)> {
                 break;
             }
         }
-        let value = if f == flag::MOE_FIRST_DENSE {
+        let value = if keys::NEGATED.iter().any(|(fl, _)| *fl == f) {
+            Value::Bool(false)
+        } else if f == flag::MOE_FIRST_DENSE {
             let n: u32 = values.first().and_then(|v| v.parse().ok()).unwrap_or(0);
             let moe = layers.unwrap_or(n).saturating_sub(n);
             Value::String(format!("([0]*{n}+[1]*{moe})"))
@@ -298,6 +300,22 @@ mod tests {
 
     fn words(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_negated_megatron_switch_is_its_argument_set_false() {
+        // `--no-gradient-accumulation-fusion` (torch FSDP2 asserts the fusion off) is Megatron's
+        // `gradient_accumulation_fusion` set to false; Primus reads that key.
+        let o = from_flags(&words(
+            "--use-torch-fsdp2 --no-gradient-accumulation-fusion",
+        ));
+        let get = |k: &str| o.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        assert_eq!(
+            get("gradient_accumulation_fusion"),
+            Some(written(&Value::Bool(false)))
+        );
+        assert_eq!(get("use_torch_fsdp2"), Some(written(&Value::Bool(true))));
+        assert_eq!(get("no_gradient_accumulation_fusion"), None);
     }
 
     #[test]
