@@ -15,26 +15,14 @@ use primus_oracle::memory::{
 };
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
 
 use OffloadModule::*;
 
+mod common;
+
 fn scenario(model: &str, gpu: &str, gpus: u32) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        hardware: c.hardware(gpu).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: 4,
-        },
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 1024,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario(model, gpu, gpus, Some(4), 4096, 1024, Precision::Bf16)
 }
 
 /// (all, offloaded) per-token terms of one layer kept as `keep`, balanced routing, BF16.

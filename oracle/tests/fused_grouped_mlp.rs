@@ -11,24 +11,12 @@ use primus_oracle::layout::{
 use primus_oracle::megatron::{MegatronArgs, megatron_flags};
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
+
+mod common;
 
 fn scenario(model: &str, gpu: &str, gpus: u32) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        hardware: c.hardware(gpu).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: 4,
-        },
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 512,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario(model, gpu, gpus, Some(4), 4096, 512, Precision::Bf16)
 }
 
 /// EP8 with TE's grouped GEMM, permute fusion and forced balance, fused or not.

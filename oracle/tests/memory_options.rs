@@ -16,24 +16,12 @@ use primus_oracle::memory::{
 };
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
+
+mod common;
 
 fn scenario(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        hardware: c.hardware(gpu).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: seq,
-            global_batch_size: gbs,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario(model, gpu, gpus, Some(8), seq, gbs, Precision::Bf16)
 }
 
 /// Llama 2 7B (6,738,415,616 parameters) on 8 GPUs, TP1 PP1 DP8.

@@ -10,24 +10,12 @@ use primus_oracle::layout::{
 use primus_oracle::megatron::{MegatronArgs, layout_args};
 use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
+
+mod common;
 
 fn scenario(model: &str, gpu: &str, gpus: u32, precision: Precision) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    let hardware = c.hardware(gpu).unwrap().clone();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: hardware.gpus_per_node,
-        },
-        hardware,
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 256,
-            precision,
-        },
-    }
+    common::scenario(model, gpu, gpus, None, 4096, 256, precision)
 }
 
 /// Mixtral 8x7B on 16 H100, TP1 PP2 VPP2 EP8: legal with every dispatcher.

@@ -10,24 +10,20 @@ use primus_oracle::memory;
 use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
 use primus_oracle::projection::{self, CPU_ADAM_PARAMS_PER_SECOND, Projection};
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
+
+mod common;
 
 fn scenario(model: &str, gpu: &str, gpus: u32, global_batch_size: u64) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    let hardware = c.hardware(gpu).unwrap().clone();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: hardware.gpus_per_node,
-        },
-        hardware,
-        training: Training {
-            seq_length: 4096,
-            global_batch_size,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario(
+        model,
+        gpu,
+        gpus,
+        None,
+        4096,
+        global_batch_size,
+        Precision::Bf16,
+    )
 }
 
 /// Qwen3-30B-A3B on 8 GPUs, EP8, MBS 1, no recompute, grouped GEMM, fused permutation,

@@ -18,21 +18,10 @@ use primus_oracle::validate::{embedding_and_loss_split, validate_text};
 
 use RecomputeModule::*;
 
+mod common;
+
 fn scenario(model: &str, gpu: &str, gpus: u32, seq: u64, gbs: u64) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    Scenario {
-        model: c.model(model).unwrap().clone(),
-        hardware: c.hardware(gpu).unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: seq,
-            global_batch_size: gbs,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario(model, gpu, gpus, Some(8), seq, gbs, Precision::Bf16)
 }
 
 fn tp1() -> Layout {
