@@ -21,6 +21,8 @@
 //! Nothing here panics or allocates by the micro-batch count beyond [`MAX_PASSES`]: a
 //! schedule too large to simulate is a [`ScheduleError`].
 
+use std::collections::VecDeque;
+
 use crate::layout::Schedule;
 
 mod extrapolate;
@@ -236,6 +238,10 @@ pub struct Simulator {
     pending: Vec<u32>,
     pending_head: Vec<u32>,
     first_fwd_count: Vec<u32>,
+    /// The idle gap before each of the last `zb_gap_window` passes of each rank (0: none
+    /// kept): the extrapolation's check that a ZB-H1 run's end repeats.
+    zb_gaps: Vec<VecDeque<f64>>,
+    zb_gap_window: usize,
     /// Recorded passes when tracing.
     pub trace: Option<Vec<Event>>,
     /// Passes simulated one by one at most (0: [`MAX_PASSES`]).
@@ -348,6 +354,7 @@ impl Simulator {
         };
         let m = m.max(1);
         let too_large = ScheduleError::TooLarge { pp, vpp, m };
+        self.zb_gap_window = 0;
         // Pass indices are u32, ranks u16 and durations u16 (`3 * nvs + vs`).
         let nvs = pp.checked_mul(vpp).ok_or(too_large.clone())?;
         let short = |v: &[f64]| v.len() < nvs;
@@ -449,6 +456,8 @@ impl Simulator {
     fn tail_gaps(&self, rank: usize, count: usize, out: &mut Vec<f64>) {
         if self.planned {
             out.extend(self.gaps(rank, count).map(|(gap, _)| gap));
+        } else if let Some(kept) = self.zb_gaps.get(rank) {
+            out.extend(kept.iter().copied());
         }
     }
 

@@ -85,6 +85,11 @@ impl Simulator {
         let mut gaps = Vec::with_capacity(3);
         // One step's passes per rank (two per micro-batch and chunk) and the cool-down after.
         let tail = 2 * vpp * step;
+        // ZB-H1 keeps its own: one step's passes per rank (three per micro-batch), whose
+        // placement of the deferred weight passes must repeat too.
+        if schedule == Schedule::ZeroBubble {
+            self.zb_gap_window = 3 * step;
+        }
         for k in 0..3 {
             self.simulate_exact(schedule, c, (pp, vpp), m1 + k * step, false)?;
             runs.push(snapshot(self));
@@ -105,6 +110,16 @@ impl Simulator {
         let ends = (0..pp).map(|r| 4 * r).chain(4 * pp..runs[0].len());
         for i in ends {
             if !((runs[1][i] - runs[0][i]) - period).abs().le(&tol) {
+                return Ok(None);
+            }
+        }
+        // Nor is one whose period is shorter than some rank's work per step: that rank is
+        // spending idle time it saved earlier (ZB-H1's greedy weight passes trade slack between
+        // two ranks of almost equal cost for dozens of groups before the bottleneck takes
+        // over), so the slope does not last.
+        for r in 0..pp {
+            let work = runs[1][4 * r + 1] - runs[0][4 * r + 1];
+            if work - period > tol {
                 return Ok(None);
             }
         }

@@ -2,6 +2,8 @@
 //! pass split into input-gradient (B) and weight-gradient (W) passes, W deferred into the
 //! gaps. Runs the general event loop (W placement depends on the times).
 
+use std::collections::VecDeque;
+
 use super::{
     Event, NONE, PassKind, RankOrder, ScheduleError, Simulator, StageCosts, dependency, index,
 };
@@ -28,6 +30,10 @@ impl Simulator {
         self.pending_head.resize(pp, 0);
         self.first_fwd_count.clear();
         self.first_fwd_count.resize(pp, 0);
+        self.zb_gaps.resize_with(pp, VecDeque::new);
+        for kept in &mut self.zb_gaps[..pp] {
+            kept.clear();
+        }
         let mut remaining = 2 * nvs * m;
         let mut forward_sweep = true;
         while remaining > 0 {
@@ -60,6 +66,7 @@ impl Simulator {
                         c.forward[vs]
                     };
                     let end = start + dur;
+                    self.keep_gap(r, start - free);
                     self.zb_end[index(backward, vs, mb, nvs, m)] = Some(end);
                     self.free[r] = end;
                     let rt = &mut self.ranks[r];
@@ -108,6 +115,7 @@ impl Simulator {
         let start = self.free[r];
         let dur = c.weight[r];
         let end = start + dur;
+        self.keep_gap(r, 0.0);
         self.free[r] = end;
         self.ranks[r].busy += dur;
         self.pending[r] -= 1;
@@ -116,6 +124,18 @@ impl Simulator {
             self.last_backward[r].end = end;
         }
         self.record(r, mb, PassKind::Weight, start, end);
+    }
+
+    /// Keep the idle gap before rank `r`'s latest pass (the last `zb_gap_window` of them).
+    fn keep_gap(&mut self, r: usize, gap: f64) {
+        if self.zb_gap_window == 0 {
+            return;
+        }
+        let kept = &mut self.zb_gaps[r];
+        if kept.len() == self.zb_gap_window {
+            kept.pop_front();
+        }
+        kept.push_back(gap);
     }
 
     fn record(&mut self, r: usize, mb: usize, kind: PassKind, start: f64, end: f64) {
