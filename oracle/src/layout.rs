@@ -25,7 +25,7 @@ pub use moe::{
 };
 pub use offload::{OffloadModule, OffloadSet};
 pub use pipeline::{PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout};
-pub use recompute::{ModuleSet, RecomputeModule, SubmoduleName, Submodules};
+pub use recompute::{ModuleSet, RecomputeModule, RecomputedRuns, SubmoduleName, Submodules};
 pub use rules::{
     Broken, LayoutError, MAX_CAPACITY_FACTOR, MIN_CAPACITY_FACTOR, RuleId, capacity_factor_in_range,
 };
@@ -132,6 +132,12 @@ pub struct Layout {
     /// --recompute-num-layers N`; 0 = every layer.
     #[serde(default)]
     pub recompute_layers: u32,
+    /// With full recompute: exactly the layers recomputed, by global index (decoder layers
+    /// `0..layers`, MTP depth d at `layers + d`), as Primus-Megatron's
+    /// `--recompute_layer_ids` (`primus/backends/megatron/patches/recompute_layer_patches.py`);
+    /// every other layer keeps its activations. Replaces recomputeLayers (which must be 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_layer_ids: Option<Vec<u32>>,
     /// With selective recompute: the submodules recomputed, as Megatron's
     /// `--recompute-modules` (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe,
     /// shared_experts); absent = Megatron's default `[core_attn]`.
@@ -289,6 +295,7 @@ impl Default for Layout {
             micro_batch_size: 1,
             recompute: Recompute::None,
             recompute_layers: 0,
+            recompute_layer_ids: None,
             recompute_modules: None,
             sequence_parallel: true,
             distributed_optimizer: true,
@@ -339,6 +346,17 @@ impl Bounded for Layout {
         Bound::int("recomputeLayers", 0, limits::LAYERS, |l| {
             l.recompute_layers.into()
         }),
+        Bound::ints(
+            "recomputeLayerIds",
+            limits::LAYERS + limits::MTP_LAYERS,
+            0,
+            limits::LAYERS + limits::MTP_LAYERS - 1,
+            |l| {
+                l.recompute_layer_ids
+                    .as_deref()
+                    .map_or(Seen::Absent, Seen::Ints)
+            },
+        ),
         Bound::items("recomputeModules", limits::MODULES, |l| {
             l.recompute_modules
                 .as_ref()
@@ -477,6 +495,10 @@ impl Layout {
                 )),
                 None => s.push_str(" recompute=selective"),
             },
+            Recompute::Full if self.recompute_layer_ids.is_some() => s.push_str(&format!(
+                " recompute=full(ids {})",
+                crate::layout::recompute::id_list(self.recompute_layer_ids.as_deref())
+            )),
             Recompute::Full if self.recompute_layers > 0 => {
                 s.push_str(&format!(" recompute=full({})", self.recompute_layers))
             }

@@ -80,6 +80,10 @@ pub mod flag {
     pub const RECOMPUTE_NUM_LAYERS: &str = "--recompute-num-layers";
     /// Takes a list: the values up to the next flag.
     pub const RECOMPUTE_MODULES: &str = "--recompute-modules";
+    /// Primus-Megatron's per-layer full recompute (`recompute_layer_ids`, global layer
+    /// indices; `primus/backends/megatron/patches/recompute_layer_patches.py`): a list, read
+    /// comma- or space-separated.
+    pub const RECOMPUTE_LAYER_IDS: &str = "--recompute-layer-ids";
     pub const DIST_OPT: &str = "--use-distributed-optimizer";
     pub const SP: &str = "--sequence-parallel";
     pub const FSDP: &str = "--use-torch-fsdp2";
@@ -307,6 +311,18 @@ pub fn layout_args(s: &Scenario, l: &Layout) -> Vec<String> {
                 a.push(flag::RECOMPUTE_MODULES.into());
                 a.extend(modules.iter().map(|m| m.as_str().to_string()));
             }
+        }
+        Recompute::Full if l.recompute_layer_ids.is_some() => {
+            // Primus requires recompute_method None beside the IDs (the writer's Primus
+            // overrides pin it so).
+            kv(flag::RECOMPUTE_GRANULARITY, "full".into());
+            a.push(flag::RECOMPUTE_LAYER_IDS.into());
+            a.extend(
+                l.recompute_layer_ids
+                    .iter()
+                    .flatten()
+                    .map(|i| i.to_string()),
+            );
         }
         Recompute::Full => {
             kv(flag::RECOMPUTE_GRANULARITY, "full".into());
@@ -550,6 +566,7 @@ pub const BOUNDED_FLAGS: &[(&str, u64)] = &[
 /// Flags that take a list of values (argparse `nargs='*'`): every word up to the next flag.
 pub const LISTS: &[&str] = &[
     flag::RECOMPUTE_MODULES,
+    flag::RECOMPUTE_LAYER_IDS,
     moe_flag::CUDA_GRAPH_MODULES,
     flag::OFFLOAD_MODULES,
 ];
@@ -918,7 +935,21 @@ impl MegatronArgs {
                 .collect::<Result<Vec<_>, _>>()?;
             l.recompute_modules = Some(modules);
         }
-        if l.recompute == Recompute::Full {
+        if let Some(ids) = self.recompute_layer_ids()? {
+            // Primus checks them at start (validate_specified_recompute_layers): full
+            // granularity, no method beside them; the layout rules judge the granularity
+            // and the range.
+            if let Some(m) = self.get(flag::RECOMPUTE_METHOD).filter(|m| *m != "None") {
+                return Err(FieldError::new(
+                    flag::RECOMPUTE_LAYER_IDS,
+                    format!(
+                        "Primus refuses recompute_layer_ids beside recompute_method {} (it must be None)",
+                        quote(m)
+                    ),
+                ));
+            }
+            l.recompute_layer_ids = Some(ids);
+        } else if l.recompute == Recompute::Full {
             let n: u32 = self.num(flag::RECOMPUTE_NUM_LAYERS)?.unwrap_or(0);
             let per_stage = layers.div_ceil(l.pp.max(1));
             // `--recompute-method uniform` recomputes every layer in groups of n.
@@ -928,6 +959,52 @@ impl MegatronArgs {
         moe::read(self, model, &mut l)?;
         self.memory_options(&mut l)?;
         Ok(l)
+    }
+
+    /// Primus' `recompute_layer_ids` as it normalises them: comma- or space-separated (a
+    /// Python list's brackets and quotes ignored), sorted, repeats collapsed; `None` when
+    /// absent or `None`. At most [`limits::LAYERS`] + [`limits::MTP_LAYERS`] IDs, each below
+    /// that bound.
+    fn recompute_layer_ids(&self) -> Result<Option<Vec<u32>>, FieldError> {
+        const F: &str = flag::RECOMPUTE_LAYER_IDS;
+        let Some(raw) = self.values.get(F) else {
+            return Ok(None);
+        };
+        let raw = raw.as_deref().unwrap_or("").trim();
+        if raw == "None" || raw == "null" {
+            return Ok(None);
+        }
+        let most = limits::LAYERS + limits::MTP_LAYERS;
+        let words = raw
+            .split(|c: char| c == ',' || c.is_whitespace() || "[]()'\"".contains(c))
+            .filter(|w| !w.is_empty());
+        if words.clone().count() as u64 > most {
+            return Err(FieldError::new(
+                F,
+                format!("lists more than {most} layers, beyond any real model"),
+            ));
+        }
+        let mut ids = Vec::new();
+        for w in words {
+            match w.parse::<u32>() {
+                Ok(i) if u64::from(i) < most => ids.push(i),
+                _ => {
+                    return Err(FieldError::new(
+                        F,
+                        format!("{} is not a layer index (0 to {})", quote(w), most - 1),
+                    ));
+                }
+            }
+        }
+        if ids.is_empty() {
+            return Err(FieldError::new(
+                F,
+                "is empty (Primus refuses an empty list: omit it to recompute by recompute_method)",
+            ));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(Some(ids))
     }
 
     /// The memory options of the layout (Megatron's defaults where a flag is absent). Ranges

@@ -16,7 +16,8 @@
 //! The `recompute` column takes `none`, `full`, `selective` (Megatron's default modules,
 //! `[core_attn]`) or `selective(MODULES)` with Megatron's `--recompute-modules` names joined by
 //! `+`, e.g. `selective(layernorm+moe_act)`; a `recomputeModules` column in the same `+` form
-//! does the same.
+//! does the same. A `recomputeLayerIds` column (Primus' `recompute_layer_ids`, e.g.
+//! `0,1,2,4`) recomputes exactly those layers with `recompute` `full`.
 //!
 //! Gradient precision: a row reduces gradients in BF16 unless a `gradReduceInFp32` column says
 //! `true`. The published throughput tables come from performance recipes that all do
@@ -433,6 +434,7 @@ fn ranking_groups(
         "source",
         "recompute",
         "recomputeLayers",
+        "recomputeLayerIds",
         "recomputeModules",
         "measuredTokensPerSecondPerGpu",
         "measuredTflopsPerGpu",

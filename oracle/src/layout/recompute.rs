@@ -21,7 +21,11 @@
 //!   checkpointing: only its input is kept);
 //! - `shared_experts`: the MoE block's shared experts (normal checkpointing).
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
+
+use super::{Layout, Recompute};
 
 /// A submodule Megatron's selective recompute can recompute, spelled as Megatron's
 /// `--recompute-modules` spells it.
@@ -252,5 +256,148 @@ mod tests {
         assert!(!s.is_subset(ModuleSet::DEFAULT));
         assert!(ModuleSet::parse("moe_act+attention").is_err());
         assert!(ModuleSet::parse("").is_err());
+    }
+}
+
+/// A layer-ID list as Primus spells it (`0,1,2`).
+pub(crate) fn id_list(ids: Option<&[u32]>) -> String {
+    ids.unwrap_or_default()
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The layers of one model chunk that full recompute recomputes, as runs of consecutive
+/// decoder layers in order ([`Layout::recomputed_runs`]).
+#[derive(Debug, Clone)]
+pub enum RecomputedRuns<'a> {
+    /// One run (or none): Megatron's block method, the chunk's first layers.
+    Block(Option<Range<u32>>),
+    /// Primus' layer IDs (ascending) that fall in `end`'s chunk, from `ids[0]`.
+    Ids { ids: &'a [u32], end: u32 },
+}
+
+impl Iterator for RecomputedRuns<'_> {
+    type Item = Range<u32>;
+
+    fn next(&mut self) -> Option<Range<u32>> {
+        match self {
+            RecomputedRuns::Block(run) => run.take(),
+            RecomputedRuns::Ids { ids, end } => {
+                let first = *ids.first().filter(|&&i| i < *end)?;
+                let mut last = first;
+                let mut taken = 1;
+                while let Some(&i) = ids.get(taken) {
+                    if i != last + 1 || i >= *end {
+                        break;
+                    }
+                    last = i;
+                    taken += 1;
+                }
+                *ids = &ids[taken..];
+                Some(first..last + 1)
+            }
+        }
+    }
+}
+
+impl Layout {
+    /// The decoder layers of `range` (one model chunk's) that full recompute recomputes, as
+    /// runs of consecutive layers: with Primus' `recomputeLayerIds` exactly the listed ones
+    /// (`recompute_layer_patches.py` checkpoints a layer iff its global index is listed), else
+    /// Megatron's block method, the chunk's first `recomputeLayers` (0 = all) layers
+    /// (`TransformerBlock._checkpointed_forward`); none without full recompute.
+    pub fn recomputed_runs(&self, range: Range<u32>) -> RecomputedRuns<'_> {
+        if self.recompute != Recompute::Full {
+            return RecomputedRuns::Block(None);
+        }
+        match self.recompute_layer_ids.as_deref() {
+            Some(ids) => {
+                let from = ids.partition_point(|&i| i < range.start);
+                RecomputedRuns::Ids {
+                    ids: &ids[from..],
+                    end: range.end,
+                }
+            }
+            None => {
+                let end = match self.recompute_layers {
+                    0 => range.end,
+                    k => range.start.saturating_add(k).min(range.end),
+                };
+                Some(range.start..end)
+                    .filter(|r| !r.is_empty())
+                    .map_or(RecomputedRuns::Block(None), |r| {
+                        RecomputedRuns::Block(Some(r))
+                    })
+            }
+        }
+    }
+
+    /// Layers of `range` that full recompute recomputes.
+    pub fn recomputed_count(&self, range: Range<u32>) -> u32 {
+        self.recomputed_runs(range).map(|r| r.end - r.start).sum()
+    }
+
+    /// Whether MTP depth `depth` (of a model of `layers` decoder layers) is recomputed: only
+    /// by Primus' layer IDs (`layers + depth`); Megatron's block method leaves MTP alone in
+    /// this model.
+    pub fn recomputes_mtp_depth(&self, layers: u32, depth: u32) -> bool {
+        self.recompute == Recompute::Full
+            && self
+                .recompute_layer_ids
+                .as_deref()
+                .is_some_and(|ids| ids.binary_search(&(layers + depth)).is_ok())
+    }
+}
+
+#[cfg(test)]
+mod runs_tests {
+    use super::*;
+
+    fn full(layers: u32, ids: Option<Vec<u32>>) -> Layout {
+        Layout {
+            recompute: Recompute::Full,
+            recompute_layers: layers,
+            recompute_layer_ids: ids,
+            ..Layout::default()
+        }
+    }
+
+    #[test]
+    fn block_method_recomputes_the_chunks_first_layers() {
+        let runs: Vec<_> = full(2, None).recomputed_runs(10..14).collect();
+        assert_eq!(runs, vec![10..12]);
+        let runs: Vec<_> = full(0, None).recomputed_runs(10..14).collect();
+        assert_eq!(runs, vec![10..14]);
+        let runs: Vec<_> = full(9, None).recomputed_runs(10..14).collect();
+        assert_eq!(runs, vec![10..14]);
+        let mut none = full(2, None);
+        none.recompute = Recompute::Selective;
+        assert_eq!(none.recomputed_runs(10..14).count(), 0);
+    }
+
+    #[test]
+    fn layer_ids_recompute_exactly_the_listed_layers_of_the_chunk() {
+        // Primus' DeepSeek-V3 MI355X list (examples/megatron/configs/MI355X/
+        // deepseek_v3-FP8-pretrain.yaml) over chunks of four layers.
+        let l = full(
+            0,
+            Some(vec![0, 3, 4, 7, 8, 11, 12, 15, 19, 23, 31, 32, 35, 36]),
+        );
+        let runs = |r: Range<u32>| l.recomputed_runs(r).collect::<Vec<_>>();
+        assert_eq!(runs(0..4), vec![0..1, 3..4]);
+        assert_eq!(runs(4..8), vec![4..5, 7..8]);
+        assert_eq!(runs(2..9), vec![3..5, 7..9]);
+        assert_eq!(runs(16..19), vec![]);
+        assert_eq!(runs(30..40), vec![31..33, 35..37]);
+        assert_eq!(l.recomputed_count(0..61), 14);
+        assert_eq!(l.recomputed_count(24..31), 0);
+        assert!(!l.recomputes_mtp_depth(61, 0));
+        let mtp = full(0, Some(vec![1, 61]));
+        assert!(mtp.recomputes_mtp_depth(61, 0));
+        assert!(!mtp.recomputes_mtp_depth(61, 1));
+        // IDs past the decoder do not count as decoder layers.
+        assert_eq!(mtp.recomputed_count(0..61), 1);
     }
 }

@@ -568,8 +568,64 @@ impl Layout {
         Ok(())
     }
 
+    /// Primus' `recompute_layer_ids`, as `validate_specified_recompute_layers` checks them
+    /// (`recompute_layer_patches.py`): full granularity, no block count beside them, not empty,
+    /// each a decoder layer or an MTP depth. Ascending without repeats here (Primus sorts and
+    /// collapses them; the flag reader does too).
+    fn check_recompute_layer_ids<E: Broken>(&self, s: &Scenario) -> Result<(), E> {
+        const NAME: &str = "recomputeLayerIds";
+        let Some(ids) = self.recompute_layer_ids.as_deref() else {
+            return Ok(());
+        };
+        if self.recompute != Recompute::Full {
+            return broken("recompute-layer-ids-need-full", NAME, || {
+                format!(
+                    "recomputeLayerIds lists fully recomputed layers: it needs recompute full (got {})",
+                    self.recompute.as_str()
+                )
+            });
+        }
+        if self.recompute_layers != 0 {
+            return broken("recompute-layer-ids-replace-count", NAME, || {
+                format!(
+                    "recomputeLayerIds replaces recomputeLayers ({}): Primus requires recompute_method null with recompute_layer_ids; set recomputeLayers 0",
+                    self.recompute_layers
+                )
+            });
+        }
+        if ids.is_empty() {
+            return broken("recompute-layer-ids-not-empty", NAME, || {
+                "an empty list recomputes nothing (Primus refuses it): omit recomputeLayerIds or set recompute none".to_string()
+            });
+        }
+        if let Some(w) = ids.windows(2).find(|w| w[1] <= w[0]) {
+            return broken("recompute-layer-ids-ascending", NAME, || {
+                format!(
+                    "the IDs must ascend without repeats ({} then {})",
+                    w[0], w[1]
+                )
+            });
+        }
+        let ids_end = s.model.layers + s.model.mtp_layers;
+        if let Some(&bad) = ids.iter().find(|&&i| i >= ids_end) {
+            return broken("recompute-layer-ids-fit", NAME, || {
+                let mtp = match s.model.mtp_layers {
+                    0 => String::new(),
+                    n => format!(", {}..{} its {n} MTP depths", s.model.layers, ids_end - 1),
+                };
+                format!(
+                    "layer {bad} is past model {}: 0..{} are its decoder layers{mtp}",
+                    s.model.name,
+                    s.model.layers.saturating_sub(1)
+                )
+            });
+        }
+        Ok(())
+    }
+
     fn check_recompute<E: Broken>(&self, s: &Scenario) -> Result<(), E> {
         self.check_recompute_modules::<E>(s)?;
+        self.check_recompute_layer_ids::<E>(s)?;
         if self.recompute_layers == 0 {
             return Ok(());
         }

@@ -366,14 +366,16 @@ impl Ctx<'_> {
         t.loss |= vs.loss;
         t.needs_embedding_table |= vs.embedding || vs.mtp > 0;
         t.needs_output_table |= vs.loss || vs.mtp > 0;
-        // Full recompute of the chunk's first `recomputed` layers (dense ones first).
-        let recomputed = match l.recompute {
-            Recompute::Full if l.recompute_layers == 0 => vs.layers,
-            Recompute::Full => l.recompute_layers.min(vs.layers),
-            _ => 0,
-        };
-        let rd = recomputed.min(nd);
-        let rm = recomputed - rd;
+        // Fully recomputed layers of the chunk (the block method's first ones, or Primus'
+        // listed IDs), dense (the chunk's first `nd`) and MoE.
+        let (mut rd, mut rm) = (0, 0);
+        let dense_end = vs.first_layer + nd;
+        for run in l.recomputed_runs(vs.range()) {
+            let d = run.end.min(dense_end).saturating_sub(run.start);
+            rd += d;
+            rm += run.end - run.start - d;
+        }
+        let recomputed = rd + rm;
         // Layer-level activation offload (pp = 1, no recompute): the chunk's first layers keep
         // nothing on the GPU but the one being copied (dense ones first, as layers run).
         let offloaded = l.activation_offload_layers.min(vs.layers);
@@ -435,7 +437,16 @@ impl Ctx<'_> {
                 LayerKind::Dense => act.dense,
             };
             let extra = self.tokens / self.tp_sp * ACT_BYTES * 6.0 * h;
-            per_mb += vs.mtp as f64 * (layer + extra);
+            // A depth Primus' layer IDs recompute keeps only its two inputs, the previous
+            // depth's hidden states and the shifted tokens' embeddings
+            // (MultiTokenPredictionLayer._checkpointed_forward), and rebuilds the rest in
+            // its backward.
+            let recomputed = vs.recomputed_mtp(l, card.layers);
+            per_mb += (vs.mtp - recomputed) as f64 * (layer + extra)
+                + recomputed as f64 * 2.0 * act.input;
+            if recomputed > 0 {
+                t.recompute_transient = t.recompute_transient.max(layer + extra);
+            }
         }
         if vs.loss {
             // Final norm input and output-layer input (2h each, sequence-split) and the

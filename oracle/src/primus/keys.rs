@@ -96,6 +96,9 @@ pub const PINNED: &[(&str, Pin)] = &[
     (flag::RECOMPUTE_METHOD, Pin::Null),
     (flag::RECOMPUTE_NUM_LAYERS, Pin::Null),
     (flag::RECOMPUTE_MODULES, Pin::Null),
+    // Primus' own: a shipped experiment (DeepSeek-V3 on MI355X) lists IDs, which Primus
+    // refuses beside the block method the writer otherwise sets.
+    (flag::RECOMPUTE_LAYER_IDS, Pin::Null),
     (flag::FINE_GRAINED_OFFLOAD, Pin::Off),
     (flag::OFFLOAD_MODULES, Pin::Null),
     (flag::FP8_FORMAT, Pin::Null),

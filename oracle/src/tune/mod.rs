@@ -287,7 +287,10 @@ impl Context<'_> {
     /// Other layouts are returned as they are. Probes are counted into `stats`; `None` when no
     /// count fits.
     pub fn fewest_recomputed(&self, l: &Layout, stats: &mut Stats) -> Option<Layout> {
-        if l.recompute != Recompute::Full || self.space.recompute_layers.is_some() {
+        if l.recompute != Recompute::Full
+            || self.space.recompute_layers.is_some()
+            || l.recompute_layer_ids.is_some()
+        {
             return Some(l.clone());
         }
         let st = Space::structure_in(self.scenario, l);

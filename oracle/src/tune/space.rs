@@ -183,6 +183,7 @@ impl RecomputeChoice {
     /// Set a layout's recompute fields (the default modules as no `recomputeModules`).
     pub fn apply(self, l: &mut Layout) {
         l.recompute = self.recompute;
+        l.recompute_layer_ids = None;
         l.recompute_layers = if self.recompute == Recompute::Full {
             self.layers
         } else {
@@ -668,6 +669,9 @@ impl Space {
         let rc = recompute_axes(s, fixed, allowed)?;
         let schedule = schedule_axis(fixed, allowed)?;
         let mut base = reference.cloned().unwrap_or_default();
+        // The reference's own recompute list belongs to its split; candidates recompute by
+        // Megatron's block method (RecomputeChoice).
+        base.recompute_layer_ids = None;
         base.pipeline_layout = None;
         base.first_stage_layers = None;
         base.last_stage_layers = None;

@@ -46,6 +46,7 @@ pub const LAYOUT_COLUMNS: &[&str] = &[
     "microBatchSize",
     "recompute",
     "recomputeLayers",
+    "recomputeLayerIds",
     "recomputeModules",
     "sequenceParallel",
     "distributedOptimizer",
@@ -275,6 +276,17 @@ fn cuda_graph_cell(v: &str) -> serde_json::Value {
 fn layout_value(col: &str, v: &str) -> serde_json::Value {
     match col {
         "recomputeModules" | "offloadModules" => module_list(v),
+        // Primus' layer-ID list, comma- or space-separated as it is written (`0,1,2`).
+        "recomputeLayerIds" => serde_json::Value::Array(
+            v.split([',', ' ', '+'])
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .map(|w| match w.parse::<u64>() {
+                    Ok(n) => serde_json::Value::from(n),
+                    Err(_) => serde_json::Value::String(w.to_string()),
+                })
+                .collect(),
+        ),
         "cudaGraph" => cuda_graph_cell(v),
         "capacityFactor" | "rankCapacityFactor" => v
             .parse::<f64>()

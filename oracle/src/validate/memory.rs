@@ -30,8 +30,9 @@
 //!   `cudaGraph` (`none`; `te-scoped`, `full-iteration`),
 //!   `syncFreeMoeStage` (0, 1; 2, 3 preallocate worst-case buffers), `moeForceLoadBalancing`
 //!   (`true`; `false` = real routing imbalance), `groupedGemm` (`legacy`; `turbo`),
-//!   `ppAlgorithm` (Primus-pipeline schedules `zbb`, `zbv-formatted`, `v-half`, `v-min`) and
-//!   `recomputeLayerIds` (Primus' per-layer recompute list). An unknown value is a bad row.
+//!   `ppAlgorithm` (Primus-pipeline schedules `zbb`, `zbv-formatted`, `v-half`, `v-min`).
+//!   An unknown value is a bad row. (`recomputeLayerIds`, Primus' per-layer recompute list, is
+//!   a layout column.)
 //! - `source`, `measuredAsPublished`, `trust`, `notes`: where the number comes from and what was
 //!   assumed.
 
@@ -501,6 +502,11 @@ fn in_layout_words<'a>(row: &Row<'a>, amd: bool) -> Row<'a> {
     if row.get("groupedGemm") == "turbo" {
         cells.insert("groupedGemm", "grouped");
     }
+    // IDs the source does not list (`needs_option` keeps the row out of the gate): the row is
+    // projected with its recomputeLayers stand-in.
+    if !unlisted_ids(row.get("recomputeLayerIds")).is_empty() {
+        cells.remove("recomputeLayerIds");
+    }
     Row {
         line: row.line,
         cells,
@@ -779,12 +785,23 @@ fn needs_option(row: &Row) -> Result<Option<String>, String> {
     if let Some(reason) = checks.into_iter().flatten().next() {
         return Ok(Some(reason));
     }
-    if !row.get("recomputeLayerIds").is_empty() {
-        return Ok(Some(
-            "needs option recomputeLayerIds (Primus' per-layer recompute list)".into(),
-        ));
+    let ids = unlisted_ids(row.get("recomputeLayerIds"));
+    if !ids.is_empty() {
+        return Ok(Some(format!(
+            "needs the recompute layer IDs, which the source does not list ({ids})"
+        )));
     }
     Ok(None)
+}
+
+/// A `recomputeLayerIds` cell that is not a list of layer numbers (a description such as
+/// `17 ids (not listed)`); empty for a list or an empty cell.
+fn unlisted_ids(cell: &str) -> &str {
+    if cell.split(',').all(|w| w.trim().parse::<u32>().is_ok()) {
+        ""
+    } else {
+        cell
+    }
 }
 
 /// Aggregates and the verdict lists.

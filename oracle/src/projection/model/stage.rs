@@ -208,14 +208,14 @@ fn stage_cost(
         alone: AloneParts::default(),
     };
     let range = vstage.range();
-    let recomputed_end = match l.recompute {
-        Recompute::Full if l.recompute_layers > 0 => {
-            (range.start + l.recompute_layers).min(range.end)
-        }
-        _ => range.end,
-    };
     let counts = shape_counts(card, range.clone());
-    let recomputed = shape_counts(card, range.start..recomputed_end);
+    // Fully recomputed layers by shape: the block method's first ones or Primus' listed IDs.
+    let mut recomputed = shape_counts(card, range.start..range.start);
+    for run in l.recomputed_runs(range.clone()) {
+        for (sum, part) in recomputed.iter_mut().zip(shape_counts(card, run)) {
+            sum.layers += part.layers;
+        }
+    }
     // Layer-level activation offload moves the chunk's first layers (Megatron keeps the
     // last one: the rule caps the count below the chunk's layers).
     let offloaded_end = (range.start + l.activation_offload_layers).min(range.end);
@@ -256,7 +256,8 @@ fn stage_cost(
         add_loss_head(st, edges, vstage.embedding, &mut cost);
     }
     if vstage.mtp > 0 {
-        add_mtp(st, kinds, edges, vstage.mtp, &mut cost);
+        let recomputed = vstage.recomputed_mtp(l, card.layers);
+        add_mtp(st, kinds, edges, (vstage.mtp, recomputed), &mut cost);
     }
     cost.backward.add(&cost.recompute, 1.0);
     cost
@@ -337,7 +338,7 @@ fn add_mtp(
     st: &Setup,
     kinds: &mut KindCosts,
     edges: &EdgeCosts,
-    modules: u32,
+    (modules, recomputed): (u32, u32),
     cost: &mut StageCost,
 ) {
     let card = &st.s.model;
@@ -361,6 +362,8 @@ fn add_mtp(
     cost.forward.tp += edges.head_tp.forward * n;
     cost.backward.tp += edges.head_tp.backward * n;
     cost.flops += (k.flops + extra.model_flops_forward) * n;
+    // Depths Primus' layer IDs recompute rerun their layer's forward in the backward.
+    cost.recompute.add(&k.recompute_full, recomputed as f64);
     let p = kinds.params(last);
     cost.params.non_expert += (p.non_expert + 2.0 * h * h / st.l.tp as f64) * n;
     cost.params.expert += p.expert * n;
