@@ -70,6 +70,12 @@ fn flag_value() -> impl Strategy<Value = String> {
         Just(String::new()),
         Just("full".to_string()),
         Just("selective".to_string()),
+        // --recompute-layer-ids: lists, brackets, repeats, out of range.
+        Just("0,1,2".to_string()),
+        Just("[0,5]".to_string()),
+        Just("3,1,1".to_string()),
+        Just("4294967295,0".to_string()),
+        "[0-9,]{1,12}",
         "[a-z]{1,6}",
     ]
 }
@@ -97,6 +103,7 @@ const FLAGS: &[&str] = &[
     "--recompute-granularity",
     "--recompute-method",
     "--recompute-num-layers",
+    "--recompute-layer-ids",
     "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers",
     "--kv-channels",
