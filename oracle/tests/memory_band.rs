@@ -219,7 +219,7 @@ fn verdicts_agree_with_what_happened() {
     // measured peak by 13-27%: MP-Q6 (Qwen3-235B, VPP2 on 32 GPUs: 244 of 287 GiB, at
     // risk), MP-D5 (DeepSeek-V3 on 256 GPUs with 8 recomputed layer IDs: 231 GiB, at risk) and
     // MP-D6 (the same on 512 GPUs: 223 GiB, at risk since the band's under-prediction bound
-    // counts it: 285 / 222.6 - 1 = 28.0%, so 29%). MP-D5 and MP-D6 were judged on a
+    // counts it: 286.6 / 222.6 - 1 = 28.8%, so 29%). MP-D5 and MP-D6 were judged on a
     // block-method stand-in (171-180 GiB) until the layer IDs were modelled.
     for (name, text) in [
         ("memory", MEMORY),

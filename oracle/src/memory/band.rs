@@ -38,7 +38,7 @@ pub const MEGATRON_DENSE_UNDER: f64 = 0.0;
 pub const MEGATRON_MOE_OVER: f64 = 0.03;
 /// Under-prediction bound of Megatron-family MoE jobs: of the runs that ran out of memory,
 /// MP-D6 (DeepSeek-V3 FP8 on 512 MI355X, 8 recomputed layer IDs) is predicted at 222.6 GiB of
-/// 285 usable, an under-prediction of at least 28.0%; of the gated rows, MP-D1 (DeepSeek-V3
+/// 286.6 usable, an under-prediction of at least 28.8%; of the gated rows, MP-D1 (DeepSeek-V3
 /// FP8 on 256 MI355X, reserved peak) -27.4%. The Primus MoE runs on MI355X are all
 /// under-predicted (-13% to -27%).
 pub const MEGATRON_MOE_UNDER: f64 = 0.29;
