@@ -300,10 +300,7 @@ pub fn check_one(field: &str, limit: Limit, seen: Seen<'_>, at: &str) -> Result<
             for (i, &v) in list.iter().enumerate() {
                 let v = u64::from(v);
                 if !(min..=max).contains(&v) {
-                    return Err(FieldError::new(
-                        format!("{}[{i}]", path(at, field)),
-                        format!("{v} is not a size in {min}..={max}"),
-                    ));
+                    return Err(int_error(format!("{}[{i}]", path(at, field)), v, min, max));
                 }
             }
             Ok(())
