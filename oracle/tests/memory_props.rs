@@ -1,6 +1,8 @@
 //! Properties of the memory model over random legal layouts: memory is never negative; more
 //! recomputation (a coarser granularity, more layers, one more selective-recompute module)
-//! never increases activation memory; more data parallelism never increases
+//! never increases activation memory, nor does one more layer ID of Primus' per-layer
+//! recompute (and every layer listed is the uniform full recompute); more data parallelism
+//! never increases
 //! the per-GPU optimizer memory with the distributed optimizer; more pipeline parallelism
 //! never increases the bottleneck stage's weights.
 
@@ -265,5 +267,50 @@ proptest! {
         for (x, y) in b.iter().zip(&a) {
             prop_assert!(*x <= *y * (1.0 + 1e-12), "adding {m} to {set:?}: {a:?} -> {b:?}");
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..config() })]
+
+    #[test]
+    fn adding_a_recompute_layer_id_never_increases_activations(
+        c in case(),
+        mask in any::<u64>(),
+        added in 0u32..4096,
+    ) {
+        // Primus' per-layer full recompute (`recompute_layer_ids`) of a random set of decoder
+        // layers, then of the set with one more layer: no stage's activations (the rebuilt
+        // layer's transient included) grow, none exceeds no recompute at all, and listing
+        // every layer is the uniform full recompute.
+        let (s, base) = build(&Case { recompute: Recompute::Full, ..c });
+        let layers = s.model.layers;
+        let ids: Vec<u32> = (0..layers.min(64)).filter(|i| mask & (1 << i) != 0).collect();
+        let x = added % layers;
+        prop_assume!(!ids.is_empty() && !ids.contains(&x));
+        let with = |ids: Vec<u32>| Layout {
+            recompute: Recompute::Full,
+            recompute_layers: 0,
+            recompute_layer_ids: Some(ids),
+            ..base.clone()
+        };
+        let before = with(ids.clone());
+        prop_assume!(before.check(&s).is_ok());
+        let mut more = ids.clone();
+        more.push(x);
+        more.sort_unstable();
+        let after = with(more);
+        prop_assert!(after.check(&s).is_ok(), "{:?}", after.check(&s));
+        let acts = |l: &Layout| -> Vec<f64> {
+            estimate(&s, l).stages.iter().map(|st| st.activations_bytes).collect()
+        };
+        let le = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| *x <= *y * (1.0 + 1e-12));
+        let none = acts(&Layout { recompute: Recompute::None, ..base.clone() });
+        let (a, b) = (acts(&before), acts(&after));
+        prop_assert!(le(&b, &a), "adding layer {x} to {ids:?}: {a:?} -> {b:?}");
+        prop_assert!(le(&a, &none), "{ids:?} {a:?} > none {none:?}");
+        let every = acts(&with((0..layers).collect()));
+        let uniform = acts(&Layout { recompute: Recompute::Full, recompute_layers: 0, ..base.clone() });
+        prop_assert_eq!(every, uniform);
     }
 }
