@@ -2,7 +2,8 @@
 //! `primus/backends/megatron/patches/recompute_layer_patches.py`: a layer is checkpointed iff
 //! its global index is listed; MTP depth d is `layers + d`): the memory each listed layer
 //! gives up and the forward it reruns, by hand against the block method; the flags written
-//! into a job and read back (Megatron words and Primus overrides); the legality rules.
+//! into a job and read back (Megatron words and Primus overrides); the legality rules; and, over
+//! random ID sets, that one more ID never shortens the step nor raises the peak.
 
 use primus_oracle::layout::{Layout, PipelineLayout, Recompute};
 use primus_oracle::megatron::{self, MegatronArgs, flag};
@@ -12,6 +13,7 @@ use primus_oracle::precision::Precision;
 use primus_oracle::primus::overrides;
 use primus_oracle::projection;
 use primus_oracle::scenario::Scenario;
+use proptest::prelude::*;
 
 mod common;
 
@@ -289,4 +291,36 @@ fn rules_name_what_primus_refuses() {
     // The bound on the list itself (the CRD's maxItems and item range).
     let e = rule(with_ids(&block, vec![5000]));
     assert!(e.to_string().contains("recomputeLayerIds"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn one_more_id_never_shortens_the_step_nor_raises_the_peak(
+        low in any::<u64>(),
+        high in any::<u16>(),
+        added in 0u32..80,
+    ) {
+        // Llama 3.1 70B TP8 PP4 (1F1B, a fixed pass order, so the step is monotone in each
+        // pass's duration): a random set of its 80 layers, then the set with one more. The
+        // added layer's forward is rerun in the backward (the step does not get shorter) and
+        // it keeps only its input (the peak does not rise).
+        let (s, block) = llama70();
+        let ids: Vec<u32> = (0..80u32)
+            .filter(|&i| i != added)
+            .filter(|&i| if i < 64 { low & (1 << i) != 0 } else { high & (1 << (i - 64)) != 0 })
+            .collect();
+        prop_assume!(!ids.is_empty());
+        let mut more = ids.clone();
+        more.push(added);
+        more.sort_unstable();
+        let (a, b) = (with_ids(&block, ids), with_ids(&block, more));
+        prop_assert!(a.check(&s).is_ok() && b.check(&s).is_ok());
+        let (pa, pb) = (projection::project(&s, &a).unwrap(), projection::project(&s, &b).unwrap());
+        prop_assert!(pb.step_time_seconds >= pa.step_time_seconds,
+            "{} -> {}", pa.step_time_seconds, pb.step_time_seconds);
+        prop_assert!(pb.breakdown.compute >= pa.breakdown.compute);
+        prop_assert!(memory::estimate(&s, &b).peak_bytes <= memory::estimate(&s, &a).peak_bytes);
+    }
 }
