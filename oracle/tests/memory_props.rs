@@ -2,9 +2,8 @@
 //! recomputation (a coarser granularity, more layers, one more selective-recompute module)
 //! never increases activation memory, nor does one more layer ID of Primus' per-layer
 //! recompute (and every layer listed is the uniform full recompute); more data parallelism
-//! never increases
-//! the per-GPU optimizer memory with the distributed optimizer; more pipeline parallelism
-//! never increases the bottleneck stage's weights.
+//! never increases the per-GPU optimizer memory with the distributed optimizer; more pipeline
+//! parallelism never increases the bottleneck stage's weights.
 
 use primus_oracle::layout::{Layout, Recompute, RecomputeModule, Schedule};
 use primus_oracle::memory::estimate;
@@ -142,6 +141,20 @@ fn build(c: &Case) -> (Scenario, Layout) {
     (s, l)
 }
 
+/// Each stage's activation bytes (rematerialisation included) of `l`.
+fn activations(s: &Scenario, l: &Layout) -> Vec<f64> {
+    estimate(s, l)
+        .stages
+        .iter()
+        .map(|st| st.activations_bytes)
+        .collect()
+}
+
+/// No stage of `a` holds more than the same stage of `b` (up to rounding).
+fn no_larger(a: &[f64], b: &[f64]) -> bool {
+    a.iter().zip(b).all(|(x, y)| *x <= *y * (1.0 + 1e-12))
+}
+
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 256,
@@ -175,24 +188,20 @@ proptest! {
         let with = |recompute, recompute_layers| Layout { recompute, recompute_layers, ..base.clone() };
         let none = with(Recompute::None, 0);
         prop_assume!(none.check(&s).is_ok());
-        let acts = |l: &Layout| -> Vec<f64> {
-            estimate(&s, l).stages.iter().map(|st| st.activations_bytes).collect()
-        };
-        let le = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| *x <= *y * (1.0 + 1e-12));
-        let a_none = acts(&none);
-        let a_sel = acts(&with(Recompute::Selective, 0));
-        let a_full = acts(&with(Recompute::Full, 0));
-        prop_assert!(le(&a_sel, &a_none), "selective {a_sel:?} > none {a_none:?}");
-        prop_assert!(le(&a_full, &a_sel), "full {a_full:?} > selective {a_sel:?}");
+        let a_none = activations(&s, &none);
+        let a_sel = activations(&s, &with(Recompute::Selective, 0));
+        let a_full = activations(&s, &with(Recompute::Full, 0));
+        prop_assert!(no_larger(&a_sel, &a_none), "selective {a_sel:?} > none {a_none:?}");
+        prop_assert!(no_larger(&a_full, &a_sel), "full {a_full:?} > selective {a_sel:?}");
         // Partial full recompute: more recomputed layers per chunk, less memory.
         let most = (0..base.pp).map(|r| base.chunk_layers(s.model.layers, r)).max().unwrap();
         let mut prev = a_none.clone();
         for n in 1..=most {
-            let a = acts(&with(Recompute::Full, n));
-            prop_assert!(le(&a, &prev), "full({n}) {a:?} > {prev:?}");
+            let a = activations(&s, &with(Recompute::Full, n));
+            prop_assert!(no_larger(&a, &prev), "full({n}) {a:?} > {prev:?}");
             prev = a;
         }
-        prop_assert!(le(&a_full, &prev));
+        prop_assert!(no_larger(&a_full, &prev));
     }
 
     #[test]
@@ -260,13 +269,8 @@ proptest! {
         let mut more = set.clone();
         more.push(m);
         let after = with(more);
-        let acts = |l: &Layout| -> Vec<f64> {
-            estimate(&s, l).stages.iter().map(|st| st.activations_bytes).collect()
-        };
-        let (a, b) = (acts(&before), acts(&after));
-        for (x, y) in b.iter().zip(&a) {
-            prop_assert!(*x <= *y * (1.0 + 1e-12), "adding {m} to {set:?}: {a:?} -> {b:?}");
-        }
+        let (a, b) = (activations(&s, &before), activations(&s, &after));
+        prop_assert!(no_larger(&b, &a), "adding {m} to {set:?}: {a:?} -> {b:?}");
     }
 }
 
@@ -301,16 +305,12 @@ proptest! {
         more.sort_unstable();
         let after = with(more);
         prop_assert!(after.check(&s).is_ok(), "{:?}", after.check(&s));
-        let acts = |l: &Layout| -> Vec<f64> {
-            estimate(&s, l).stages.iter().map(|st| st.activations_bytes).collect()
-        };
-        let le = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| *x <= *y * (1.0 + 1e-12));
-        let none = acts(&Layout { recompute: Recompute::None, ..base.clone() });
-        let (a, b) = (acts(&before), acts(&after));
-        prop_assert!(le(&b, &a), "adding layer {x} to {ids:?}: {a:?} -> {b:?}");
-        prop_assert!(le(&a, &none), "{ids:?} {a:?} > none {none:?}");
-        let every = acts(&with((0..layers).collect()));
-        let uniform = acts(&Layout { recompute: Recompute::Full, recompute_layers: 0, ..base.clone() });
+        let none = activations(&s, &Layout { recompute: Recompute::None, ..base.clone() });
+        let (a, b) = (activations(&s, &before), activations(&s, &after));
+        prop_assert!(no_larger(&b, &a), "adding layer {x} to {ids:?}: {a:?} -> {b:?}");
+        prop_assert!(no_larger(&a, &none), "{ids:?} {a:?} > none {none:?}");
+        let every = activations(&s, &with((0..layers).collect()));
+        let uniform = activations(&s, &Layout { recompute: Recompute::Full, recompute_layers: 0, ..base.clone() });
         prop_assert_eq!(every, uniform);
     }
 }
