@@ -13,6 +13,7 @@ use primus_oracle::validate::memory::{
 const MEMORY: &str = include_str!("data/memory.csv");
 const PUBLISHED: &str = include_str!("data/published.csv");
 const EXTRA: &str = include_str!("data/extra.csv");
+const MOE: &str = include_str!("data/moe.csv");
 const MOE_NONGATED: &str = include_str!("data/moe-nongated.csv");
 
 /// Rows of the throughput CSVs that issue 16 moved to `moe-nongated.csv` (their throughput is
@@ -178,7 +179,7 @@ fn every_run_that_ran_lies_within_the_over_band() {
     // the gated rows' measured over-predictions, that makes the band: checked exactly.
     let mut over = [0.0f64; 2];
     let moved = moved();
-    for text in [MEMORY, PUBLISHED, EXTRA, moved.as_str()] {
+    for text in [MEMORY, PUBLISHED, EXTRA, MOE, moved.as_str()] {
         let v = validate(text);
         for r in &v.rows {
             if r.outcome != Outcome::Ran
@@ -225,6 +226,7 @@ fn verdicts_agree_with_what_happened() {
         ("memory", MEMORY),
         ("published", PUBLISHED),
         ("extra", EXTRA),
+        ("moe", MOE),
         ("moe-nongated", MOE_NONGATED),
     ] {
         let v = validate(text);

@@ -430,9 +430,27 @@ pub struct RowJob {
     pub layout: Layout,
 }
 
-/// Every row of a memory or throughput CSV that can be projected, as a job (rows that cannot
-/// are left out; [`validate_memory_text`] reports them).
-pub fn row_jobs(text: &str, catalog: &Catalog) -> Result<Vec<RowJob>, PlanError> {
+/// A row of a memory or throughput CSV that could not be made a job, and why (a field that
+/// cannot be read, a model or GPU the catalog lacks, a layout that breaks a rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRow {
+    /// 1-based line number in the file (header = 1).
+    pub line: usize,
+    pub id: String,
+    pub reason: String,
+}
+
+/// Every row of a memory or throughput CSV: those that can be projected as jobs, and those
+/// that cannot, each with its reason, so that a walk over a file accounts for all of its rows.
+#[derive(Debug, Clone, Default)]
+pub struct RowJobs {
+    pub jobs: Vec<RowJob>,
+    pub skipped: Vec<SkippedRow>,
+}
+
+/// Every row of a memory or throughput CSV as a job, or as a skipped row with its reason
+/// ([`validate_memory_text`] reports the same reasons per row).
+pub fn row_jobs(text: &str, catalog: &Catalog) -> Result<RowJobs, PlanError> {
     let records = parse_csv(text).map_err(|m| PlanError::Syntax {
         source_name: "csv".into(),
         message: m,
@@ -441,27 +459,44 @@ pub fn row_jobs(text: &str, catalog: &Catalog) -> Result<Vec<RowJob>, PlanError>
         return Err(PlanError::field("csv", "empty file: expected a header row"));
     };
     let header: Vec<String> = header.iter().map(|h| h.trim().to_string()).collect();
-    let mut jobs = Vec::new();
+    let mut out = RowJobs::default();
     for (line, fields) in records.iter().skip(1) {
         let mut cells = BTreeMap::new();
         for (i, h) in header.iter().enumerate() {
             cells.insert(h.as_str(), fields.get(i).map(String::as_str).unwrap_or(""));
         }
         let row = Row { line: *line, cells };
-        if let Ok((meta, scenario, checked)) = row_job(&row, catalog, &header)
-            && checked.verdict.is_ok()
-        {
-            jobs.push(RowJob {
-                id: row.get("id").to_string(),
-                framework: meta.framework,
-                outcome: meta.outcome,
-                needs_option: meta.needs_option,
-                scenario,
-                layout: checked.layout,
-            });
+        let skip = |reason: String| SkippedRow {
+            line: row.line,
+            id: row.get("id").to_string(),
+            reason,
+        };
+        match row_job(&row, catalog, &header) {
+            Ok((meta, scenario, checked)) => match checked.verdict {
+                Ok(()) => out.jobs.push(RowJob {
+                    id: row.get("id").to_string(),
+                    framework: meta.framework,
+                    outcome: meta.outcome,
+                    needs_option: meta.needs_option,
+                    scenario,
+                    layout: checked.layout,
+                }),
+                Err(e) => out.skipped.push(skip(format!("illegal layout: {e}"))),
+            },
+            Err(status) => out.skipped.push(skip(status_reason(&status))),
         }
     }
-    Ok(jobs)
+    Ok(out)
+}
+
+/// A row status's reason in words.
+fn status_reason(status: &RowStatus) -> String {
+    match status {
+        RowStatus::Ok => "projected".to_string(),
+        RowStatus::UnknownPreset(m) => format!("unknown preset: {m}"),
+        RowStatus::IllegalLayout(m) => format!("illegal layout: {m}"),
+        RowStatus::BadRow(m) => format!("bad row: {m}"),
+    }
 }
 
 /// A row's metadata, scenario and checked layout.
