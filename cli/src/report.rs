@@ -4,6 +4,8 @@
 //! field alone (the operator applies the rest of the status under its own manager and compares
 //! the two to compute drift).
 
+use primus_oracle::bounds::limits;
+
 use super::CliError;
 
 #[derive(Debug, clap::Args)]
@@ -19,15 +21,21 @@ pub struct Args {
     pub source: String,
 }
 
-/// Check the measured value: a positive, finite number.
+/// Check the measured value: a positive, finite number no real run exceeds
+/// ([`limits::TOKENS_PER_SECOND_PER_GPU`]).
 pub fn check_tokens_per_second(x: f64) -> Result<f64, CliError> {
-    if x.is_finite() && x > 0.0 {
-        Ok(x)
-    } else {
-        Err(CliError::Input(format!(
+    if !(x.is_finite() && x > 0.0) {
+        return Err(CliError::Input(format!(
             "--tokens-per-second: must be a positive number, got {x}"
-        )))
+        )));
     }
+    if x > limits::TOKENS_PER_SECOND_PER_GPU {
+        return Err(CliError::Input(format!(
+            "--tokens-per-second: {x:e} is beyond any real run (at most {:e} per GPU)",
+            limits::TOKENS_PER_SECOND_PER_GPU
+        )));
+    }
+    Ok(x)
 }
 
 /// The status patch `primus report` applies.
@@ -83,7 +91,8 @@ mod tests {
     #[test]
     fn only_positive_finite_throughput_is_accepted() {
         assert!(check_tokens_per_second(1234.5).is_ok());
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(check_tokens_per_second(limits::TOKENS_PER_SECOND_PER_GPU).is_ok());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e308, 1.01e8] {
             let e = check_tokens_per_second(bad).unwrap_err();
             assert!(matches!(e, CliError::Input(m) if m.starts_with("--tokens-per-second")));
         }

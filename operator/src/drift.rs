@@ -4,6 +4,7 @@
 //! projected - 1; within tolerance when |drift| <= `spec.drift.tolerance` (default 0.10).
 
 use primus_crds::{DriftSpec, DriftStatus, MeasuredThroughput, PrometheusSource};
+pub use primus_oracle::bounds::limits;
 
 /// A measured throughput and where it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,9 +13,15 @@ pub struct Measurement {
     pub source: String,
 }
 
-/// Drift of a measurement against a projection (`None` when the projection is not positive).
+/// Drift of a measurement against a projection (`None` when the projection is not positive,
+/// or the measurement is no throughput a run can have: negative, not finite, or beyond
+/// [`limits::TOKENS_PER_SECOND_PER_GPU`]; a stalled job's 0 is a drift of -100%).
 pub fn drift(projected: f64, measured: f64, tolerance: f64) -> Option<DriftStatus> {
-    if !(projected.is_finite() && projected > 0.0 && measured.is_finite()) {
+    if !(projected.is_finite()
+        && projected > 0.0
+        && measured.is_finite()
+        && (0.0..=limits::TOKENS_PER_SECOND_PER_GPU).contains(&measured))
+    {
         return None;
     }
     let ratio = measured / projected - 1.0;
@@ -344,6 +351,12 @@ mod tests {
         let d = drift(1000.0, 1200.0, 0.1).unwrap();
         assert!(!d.within_tolerance);
         assert!(drift(0.0, 10.0, 0.1).is_none());
+        // A stalled job is a drift of -100%; no run measures a negative, infinite or
+        // beyond-any-run throughput (a status written by anyone with the status verb).
+        assert_eq!(drift(1000.0, 0.0, 0.1).map(|d| d.ratio), Some(-1.0));
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e308, 1.01e8] {
+            assert!(drift(1000.0, bad, 0.1).is_none(), "{bad}");
+        }
     }
 
     #[test]

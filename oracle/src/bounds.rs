@@ -69,6 +69,14 @@ pub mod limits {
     pub const HOURS: u64 = 8_760;
     /// Benchmark attempts.
     pub const ATTEMPTS: u64 = 100;
+    /// Measured tokens per second of one GPU (a validation row, `primus report`, a drift
+    /// query): beyond any real run. The fastest rows here are ~45,000 on a GB300; a
+    /// 100M-parameter model would not reach 10^7.
+    pub const TOKENS_PER_SECOND_PER_GPU: f64 = 1e8;
+    /// Measured TFLOP/s of one GPU: beyond any GPU's dense peak (GB300: 5,000 FP8).
+    pub const TFLOPS_PER_GPU: f64 = 1e5;
+    /// Measured seconds of one iteration (11.6 days).
+    pub const SECONDS_PER_ITERATION: f64 = 1e6;
 }
 
 /// A regular expression the API server checks (`pattern` in the schema) and the same test in

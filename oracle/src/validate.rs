@@ -36,12 +36,12 @@ pub mod memory;
 mod stats;
 
 use csv::{
-    CheckedLayout, Row, check_with_balanced_split, positive, row_layout, row_measurement,
-    row_scenario,
+    CheckedLayout, Row, check_with_balanced_split, figure, measured_figure, positive, row_layout,
+    row_measurement, row_scenario,
 };
 pub use csv::{
-    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
-    seconds_per_iteration,
+    LAYOUT_COLUMNS, MAX_SECONDS_PER_ITERATION, MAX_TFLOPS_PER_GPU, MAX_TOKENS_PER_SECOND_PER_GPU,
+    MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv, seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
 pub use stats::{Aggregate, RankGroup, spearman};
@@ -347,7 +347,11 @@ fn empty_result(row: &Row, status: RowStatus) -> RowResult {
         measured: None,
         projected: None,
         error: None,
-        measured_tflops_per_gpu: row.get("measuredTflopsPerGpu").parse().ok(),
+        measured_tflops_per_gpu: row
+            .get("measuredTflopsPerGpu")
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_TFLOPS_PER_GPU),
         projected_tflops_per_gpu: None,
         projected_tokens_per_second_per_gpu: None,
         mfu: None,

@@ -245,3 +245,46 @@ fn verdicts_agree_with_what_happened() {
         );
     }
 }
+
+#[test]
+fn a_measured_peak_must_be_memory_the_gpu_has() {
+    // memory.csv's first row (MP-L1, Llama 2 7B on MI300X, 16.26 GiB reserved) with its peak
+    // replaced: not a finite number, not above 0, or more than the MI300X's 192 GiB is a bad
+    // row with its reason, not a -100% error in the gate.
+    let mut lines = MEMORY.lines();
+    let header = lines.next().expect("header");
+    let row = lines.next().expect("MP-L1");
+    assert!(
+        row.starts_with("MP-L1,") && row.contains(",16.26,"),
+        "{row}"
+    );
+    for (peak, why) in [
+        ("NaN", "\"NaN\" is not a finite number"),
+        ("inf", "\"inf\" is not a finite number"),
+        ("0", "must be greater than 0"),
+        (
+            "192.5",
+            "192.5 GiB is more than the AMD Instinct MI300X's 192 GiB",
+        ),
+        (
+            "1e308",
+            "1e308 GiB is more than the AMD Instinct MI300X's 192 GiB",
+        ),
+    ] {
+        let text = format!(
+            "{header}\n{}\n",
+            row.replacen(",16.26,", &format!(",{peak},"), 1)
+        );
+        let v = validate(&text);
+        match &v.rows[0].status {
+            RowStatus::BadRow(m) => assert!(
+                m.contains("measuredPeakReservedGiB") && m.contains(why),
+                "{peak}: {m}"
+            ),
+            s => panic!("{peak}: {s:?}"),
+        }
+    }
+    // At capacity is a measurement (MP-Q7 measured 287.1 of the MI355X's 288 GiB).
+    let text = format!("{header}\n{}\n", row.replacen(",16.26,", ",192,", 1));
+    assert_eq!(validate(&text).rows[0].status, RowStatus::Ok);
+}

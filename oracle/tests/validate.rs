@@ -87,6 +87,75 @@ fn bad_rows_are_reported_with_their_reason_not_skipped() {
 }
 
 #[test]
+fn a_measurement_must_be_a_finite_figure_a_run_could_have_measured() {
+    // Hostile or mistyped measurements: not a finite number, not above 0, or beyond any real
+    // run. Each is a bad row with its reason, never a NaN% error in the aggregates.
+    let row = |id: &str, tokens: &str, tflops: &str, notes: &str| {
+        format!(
+            "{id},x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,{tokens},{tflops},{notes}\n"
+        )
+    };
+    let nines = "9".repeat(400);
+    let csv = format!(
+        "{HEADER}\n{}{}{}{}{}{}{}{}{}",
+        row("NAN", "NaN", "", ""),
+        row("INF", "inf", "", ""),
+        row("HUGE", "1e308", "", ""),
+        row("ZERO", "0", "", ""),
+        row("NEG", "-5", "", ""),
+        row("TF-INF", "", "inf", ""),
+        row("TF-HUGE", "", "2e5", ""),
+        row("SPI", "", "", &format!("{nines} s per iteration")),
+        row("OK", "1e4", "inf", ""),
+    );
+    let c = Catalog::builtin().expect("catalog");
+    let r = validate_text(&csv, &c).expect("parses");
+    let reason = |id: &str| match &r.rows.iter().find(|x| x.id == id).expect(id).status {
+        RowStatus::BadRow(m) => m.clone(),
+        s => panic!("{id}: {s:?}"),
+    };
+    assert!(
+        reason("NAN").contains("\"NaN\" is not a finite number"),
+        "{}",
+        reason("NAN")
+    );
+    assert!(
+        reason("INF").contains("is not a finite number"),
+        "{}",
+        reason("INF")
+    );
+    assert!(
+        reason("HUGE").contains("1e308 tokens/s is beyond any real run (at most 1e8)"),
+        "{}",
+        reason("HUGE")
+    );
+    assert!(reason("ZERO").contains("must be greater than 0"));
+    assert!(reason("NEG").contains("must be greater than 0"));
+    assert!(
+        reason("TF-INF").contains("measuredTflopsPerGpu"),
+        "{}",
+        reason("TF-INF")
+    );
+    assert!(
+        reason("TF-HUGE").contains("beyond any real run"),
+        "{}",
+        reason("TF-HUGE")
+    );
+    // 400 nines parse to infinity: no seconds per iteration, so no measurement at all.
+    assert!(
+        reason("SPI").contains("no measurement"),
+        "{}",
+        reason("SPI")
+    );
+    // A bad TFLOP/s cell beside a good tokens/s one is only not shown.
+    let ok = r.rows.iter().find(|x| x.id == "OK").expect("OK");
+    assert_eq!(ok.status, RowStatus::Ok);
+    assert_eq!(ok.measured_tflops_per_gpu, None);
+    assert_eq!(r.projected, 1);
+    assert!(r.median_abs_error.is_some_and(f64::is_finite));
+}
+
+#[test]
 fn a_missing_column_is_an_input_error() {
     let c = Catalog::builtin().expect("catalog");
     let e = validate_text("id,model\nA,llama3.1-8b\n", &c).expect_err("no gpu column");

@@ -602,18 +602,30 @@ pub fn drift(
     measured: Option<Measurement>,
     plan: (&str, &str),
 ) -> (Verdicts, Option<(f64, DriftStatus)>) {
+    let unusable = measured.as_ref().and_then(|x| {
+        let v = x.tokens_per_second_per_gpu;
+        (!(v.is_finite() && (0.0..=drift::limits::TOKENS_PER_SECOND_PER_GPU).contains(&v)))
+            .then(|| (v, x.source.clone()))
+    });
     let compared = measured.and_then(|x| {
         drift::drift(projected, x.tokens_per_second_per_gpu, tolerance).map(|d| (x, d))
     });
     let Some((x, d)) = compared else {
         let (ns, name) = plan;
+        let message = match unusable {
+            Some((v, source)) => format!(
+                "the measured throughput from {source} ({v:e} tokens/s/GPU) is no figure a run can have (negative, not finite, or above {:e}): not compared; report the run's own with `primus report --plan {ns}/{name} --tokens-per-second X`",
+                drift::limits::TOKENS_PER_SECOND_PER_GPU
+            ),
+            None => format!(
+                "no measured throughput yet: the job reports it with `primus report --plan {ns}/{name} --tokens-per-second X`, or set spec.drift.prometheus"
+            ),
+        };
         let v = Verdicts::default().with(
             DRIFT_WITHIN_TOLERANCE,
             State::Unknown,
             Reason::NoMeasurement,
-            format!(
-                "no measured throughput yet: the job reports it with `primus report --plan {ns}/{name} --tokens-per-second X`, or set spec.drift.prometheus"
-            ),
+            message,
         );
         return (v, None);
     };

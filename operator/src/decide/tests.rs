@@ -611,6 +611,20 @@ fn drift_compares_a_measurement_and_says_when_there_is_none() {
             .contains("primus report --plan team/p")
     );
     assert!(compared.is_none());
+    // A recorded figure no run can have (anyone with the status verb may write it) is named
+    // as such, not taken for a missing measurement nor compared.
+    let bad = Measurement {
+        tokens_per_second_per_gpu: 1e308,
+        source: "status.measured".into(),
+    };
+    let (v, compared) = drift(1000.0, 0.1, Some(bad), ("team", "p"));
+    let (state, reason, msg) = cond(&v, DRIFT_WITHIN_TOLERANCE);
+    assert_eq!((state, reason), (State::Unknown, Reason::NoMeasurement));
+    assert!(
+        msg.contains("1e308 tokens/s/GPU) is no figure a run can have"),
+        "{msg}"
+    );
+    assert!(compared.is_none());
     assert_eq!(
         cond(
             &drift_unknown(&crate::drift::QueryError::Status {

@@ -191,7 +191,10 @@ pub fn seconds_per_iteration(note: &str) -> Option<f64> {
         .rfind(|c: char| !(c.is_ascii_digit() || c == '.'))
         .map(|i| i + 1)
         .unwrap_or(0);
-    before[start..].parse::<f64>().ok().filter(|v| *v > 0.0)
+    before[start..]
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_SECONDS_PER_ITERATION)
 }
 
 /// Megatron's `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`
@@ -307,6 +310,43 @@ fn layout_value(col: &str, v: &str) -> serde_json::Value {
                 _ => serde_json::Value::String(v.to_string()),
             },
         },
+    }
+}
+
+pub use crate::bounds::limits::{
+    SECONDS_PER_ITERATION as MAX_SECONDS_PER_ITERATION, TFLOPS_PER_GPU as MAX_TFLOPS_PER_GPU,
+    TOKENS_PER_SECOND_PER_GPU as MAX_TOKENS_PER_SECOND_PER_GPU,
+};
+
+/// A measured figure: a finite number greater than 0 and at most `max` (`unit` names it in
+/// the error).
+pub(super) fn measured_figure(row: &Row, col: &str, max: f64, unit: &str) -> Result<f64, String> {
+    let v: f64 = row.num(col)?;
+    if !v.is_finite() {
+        return Err(format!(
+            "column {col}: {:?} is not a finite number",
+            row.get(col)
+        ));
+    }
+    if v <= 0.0 {
+        return Err(format!("column {col}: must be greater than 0"));
+    }
+    if v > max {
+        return Err(format!(
+            "column {col}: {} {unit} is beyond any real run (at most {})",
+            figure(v),
+            figure(max)
+        ));
+    }
+    Ok(v)
+}
+
+/// A figure for a message: plain up to a million, in scientific notation beyond.
+pub(super) fn figure(v: f64) -> String {
+    if v.abs() < 1e6 {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
     }
 }
 
@@ -436,18 +476,21 @@ pub(super) fn row_measurement(row: &Row) -> Result<(Metric, f64), String> {
     match row.get("measuredTokensPerSecondPerGpu") {
         "" => match seconds_per_iteration(row.get("notes")) {
             Some(s) => Ok((Metric::SecondsPerIteration, s)),
-            None => match row.get("measuredTflopsPerGpu").parse::<f64>() {
-                Ok(v) if v > 0.0 => Ok((Metric::TflopsPerGpu, v)),
-                _ => Err(
+            None => match row.get("measuredTflopsPerGpu") {
+                "" => Err(
                     "no measurement: measuredTokensPerSecondPerGpu and measuredTflopsPerGpu are empty and notes give no \"<x> s per iteration\"".into(),
                 ),
+                _ => measured_figure(row, "measuredTflopsPerGpu", MAX_TFLOPS_PER_GPU, "TFLOP/s")
+                    .map(|v| (Metric::TflopsPerGpu, v)),
             },
         },
-        _ => match row.num::<f64>("measuredTokensPerSecondPerGpu") {
-            Ok(v) if v > 0.0 => Ok((Metric::TokensPerSecondPerGpu, v)),
-            Ok(_) => Err("column measuredTokensPerSecondPerGpu: must be positive".into()),
-            Err(e) => Err(e),
-        },
+        _ => measured_figure(
+            row,
+            "measuredTokensPerSecondPerGpu",
+            MAX_TOKENS_PER_SECOND_PER_GPU,
+            "tokens/s",
+        )
+        .map(|v| (Metric::TokensPerSecondPerGpu, v)),
     }
 }
 

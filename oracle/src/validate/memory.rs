@@ -41,10 +41,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    Row, RowStatus, check_with_balanced_split, parse_csv, positive, row_layout, row_scenario,
+    Row, RowStatus, check_with_balanced_split, figure, measured_figure, parse_csv, positive,
+    row_layout, row_scenario,
 };
 use crate::error::PlanError;
-use crate::hardware::Vendor;
+use crate::hardware::{HardwareProfile, Vendor};
 use crate::layout::Layout;
 use crate::memory::{self, Band, JobKind, MemoryReport, StageMemory, Verdict};
 use crate::plan::DEFAULT_MEMORY_HEADROOM;
@@ -579,7 +580,7 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> MemoryRow {
         Ok(j) => j,
         Err(status) => return bad(row, status),
     };
-    let measured = match measured(row) {
+    let measured = match measured(row, &scenario.hardware) {
         Ok(m) => m,
         Err(e) => return bad(row, RowStatus::BadRow(e)),
     };
@@ -659,14 +660,24 @@ fn predicted(report: &MemoryReport, metric: PeakMetric, stage: PeakStage, reserv
 }
 
 /// The measured metrics of a row, the primary first.
-fn measured(row: &Row) -> Result<Vec<(PeakMetric, f64)>, String> {
+fn measured(row: &Row, gpu: &HardwareProfile) -> Result<Vec<(PeakMetric, f64)>, String> {
     let mut out = Vec::new();
     for metric in PeakMetric::PRIORITY {
         let col = metric.column();
         if row.get(col).is_empty() {
             continue;
         }
-        out.push((metric, positive::<f64>(row, col)?));
+        let v = measured_figure(row, col, f64::MAX, "GiB")?;
+        // No run measures more memory than its GPU has.
+        if v > gpu.memory_gib {
+            return Err(format!(
+                "column {col}: {} GiB is more than the {}'s {} GiB",
+                figure(v),
+                gpu.product,
+                gpu.memory_gib
+            ));
+        }
+        out.push((metric, v));
     }
     Ok(out)
 }
