@@ -66,8 +66,9 @@ fn read_recipe(a: &Args) -> Result<Recipe, CliError> {
             meta.len()
         )));
     }
-    let text =
-        std::fs::read_to_string(&a.file).map_err(|e| CliError::Input(format!("{shown}: {e}")))?;
+    // Bounded as it is read: a device or pipe has no length to check beforehand.
+    let text = primus_oracle::bounds::read_text_file(&a.file, MAX_FILE)
+        .map_err(|e| CliError::Input(format!("{shown}: {e}")))?;
     let is_experiment = primus_oracle::parse::parse_yaml_value(&text, &shown)
         .ok()
         .is_some_and(|v| v.get("modules").is_some());

@@ -93,8 +93,9 @@ pub fn catalog(common: &Common) -> Result<Catalog, CliError> {
 /// ([`TrainingPlanSpec::validate`]; the CLI runs the `agent` searcher itself).
 pub fn plan(common: &Common, path: &Path) -> Result<(Catalog, Plan), CliError> {
     let c = catalog(common)?;
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+    let text =
+        primus_oracle::bounds::read_text_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
+            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
     let p = plan_from_text(&text, &path.display().to_string(), &c)?;
     Ok((c, p))
 }

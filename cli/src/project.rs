@@ -31,8 +31,9 @@ pub fn load_calibration(
     path: &Path,
     s: &primus_oracle::scenario::Scenario,
 ) -> Result<CalibratedTimer, CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Input(format!("--calibration: {}: {e}", path.display())))?;
+    let text =
+        primus_oracle::bounds::read_text_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
+            .map_err(|e| CliError::Input(format!("--calibration: {}: {e}", path.display())))?;
     let report = parse_report(&text, &path.display().to_string())
         .map_err(|e| CliError::Input(format!("--calibration: {e}")))?;
     CalibratedTimer::new(s, &report)

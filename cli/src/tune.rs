@@ -164,8 +164,9 @@ impl From<TuneError> for CliError {
 /// `spec.job` and whether the model came from a preset, read from the raw plan file (the
 /// resolved plan keeps neither).
 fn raw_job_settings(path: &std::path::Path) -> Result<(Value, bool), CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+    let text =
+        primus_oracle::bounds::read_text_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
+            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
     let doc = parse_yaml_value(&text, &path.display().to_string())?;
     let spec = doc.get("spec").cloned().unwrap_or(doc);
     let preset = spec

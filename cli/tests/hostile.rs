@@ -303,3 +303,49 @@ fn generated_hostile_plans_end_in_an_answer_or_one_line() {
     );
     println!("CLI outcomes: {:?}", outcomes.borrow());
 }
+
+#[test]
+fn a_file_that_never_ends_is_refused_not_read_whole() {
+    // Every command that reads a file reads at most its kind's bound (a plan or report: 4 MiB,
+    // a validation table: 64 MiB) plus one byte: `/dev/zero` was read until memory ran out.
+    let zero = Path::new("/dev/zero");
+    if !zero.exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plan = dir.path().join("plan.yaml");
+    std::fs::write(
+        &plan,
+        format!("{BASE}{TRAINING}parallelism: {{tp: 1, pp: 1, microBatchSize: 1}}\n"),
+    )
+    .expect("write the plan");
+    let exe = std::process::Command::cargo_bin("primus").expect("the primus binary");
+    let exe = exe.get_program().to_owned();
+    let plan = plan.to_str().expect("utf-8 path");
+    for (args, bound) in [
+        (vec!["project", "-f", "/dev/zero"], "4 MiB"),
+        (vec!["memory", "-f", "/dev/zero"], "4 MiB"),
+        (vec!["tune", "-f", "/dev/zero"], "4 MiB"),
+        (vec!["import", "/dev/zero"], "4 MiB"),
+        (
+            vec!["project", "-f", plan, "--calibration", "/dev/zero"],
+            "4 MiB",
+        ),
+        (vec!["validate", "/dev/zero"], "64 MiB"),
+        (vec!["validate", "--memory", "/dev/zero"], "64 MiB"),
+    ] {
+        let mut cmd = assert_cmd::Command::new("sh");
+        cmd.arg("-c")
+            .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
+            .arg(&exe)
+            .args(&args)
+            .timeout(Duration::from_secs(10));
+        let out = cmd.output().expect("run primus");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("larger than {bound}")) && err.lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -77,6 +77,42 @@ pub mod limits {
     pub const TFLOPS_PER_GPU: f64 = 1e5;
     /// Measured seconds of one iteration (11.6 days).
     pub const SECONDS_PER_ITERATION: f64 = 1e6;
+    /// Bytes of a document read whole from a file: a plan, a model card or hardware profile,
+    /// a benchmark report, a Primus experiment, a certificate (the largest here: ~10 KB).
+    pub const DOCUMENT_BYTES: u64 = 4 << 20;
+    /// Bytes of a validation table (CSV) read whole (the largest here: ~180 KB).
+    pub const TABLE_BYTES: u64 = 64 << 20;
+}
+
+/// The bytes of a file of at most `max` bytes. A longer one, or a device that never ends
+/// (`/dev/zero`, a pipe), is refused after reading `max + 1` bytes, with an `InvalidData`
+/// error that states the limit: nothing is allocated by the file's size.
+pub fn read_file(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "larger than {}, more than any input of its kind",
+                if max.is_multiple_of(1 << 20) {
+                    format!("{} MiB", max >> 20)
+                } else {
+                    format!("{max} bytes")
+                }
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The UTF-8 text of a file of at most `max` bytes ([`read_file`]).
+pub fn read_text_file(path: &std::path::Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_file(path, max)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 /// A regular expression the API server checks (`pattern` in the schema) and the same test in
@@ -474,6 +510,32 @@ pub fn shown(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_file_is_read_up_to_its_bound_and_no_further() {
+        let dir = std::env::temp_dir().join(format!("primus-bounds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = dir.join("at");
+        std::fs::write(&at, "x".repeat(1 << 20)).unwrap();
+        assert_eq!(read_text_file(&at, 1 << 20).unwrap().len(), 1 << 20);
+        let e = read_text_file(&at, (1 << 20) - 1).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("larger than 1048575 bytes"), "{e}");
+        let bad = dir.join("bad");
+        std::fs::write(&bad, [b'a', 0xff, b'b']).unwrap();
+        assert!(
+            read_text_file(&bad, 16)
+                .unwrap_err()
+                .to_string()
+                .contains("UTF-8")
+        );
+        // A device that never ends: refused after max + 1 bytes.
+        if std::path::Path::new("/dev/zero").exists() {
+            let e = read_file(std::path::Path::new("/dev/zero"), 4 << 20).unwrap_err();
+            assert!(e.to_string().contains("larger than 4 MiB"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     use super::*;
 
     struct T {

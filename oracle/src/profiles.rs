@@ -81,10 +81,12 @@ impl Catalog {
                     .and_then(|s| s.to_str())
                     .unwrap_or_default()
                     .to_string();
-                let text = std::fs::read_to_string(&path).map_err(|source| PlanError::Io {
-                    path: path.display().to_string(),
-                    source,
-                })?;
+                let text =
+                    crate::bounds::read_text_file(&path, crate::bounds::limits::DOCUMENT_BYTES)
+                        .map_err(|source| PlanError::Io {
+                            path: path.display().to_string(),
+                            source,
+                        })?;
                 let source = path.display().to_string();
                 if kind == "models" {
                     let card = parse_model(&name, &text, &source)?;

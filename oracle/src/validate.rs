@@ -327,10 +327,12 @@ pub fn read_texts(paths: &[&std::path::Path]) -> Result<Vec<String>, PlanError> 
     paths
         .iter()
         .map(|path| {
-            std::fs::read_to_string(path).map_err(|source| PlanError::Io {
-                path: path.display().to_string(),
-                source,
-            })
+            crate::bounds::read_text_file(path, crate::bounds::limits::TABLE_BYTES).map_err(
+                |source| PlanError::Io {
+                    path: path.display().to_string(),
+                    source,
+                },
+            )
         })
         .collect()
 }

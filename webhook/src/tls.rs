@@ -150,10 +150,12 @@ pub struct CertFiles {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    primus_oracle::bounds::read_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES).map_err(
+        |source| TlsError::Io {
+            path: path.display().to_string(),
+            source,
+        },
+    )
 }
 
 impl CertFiles {
@@ -173,8 +175,8 @@ impl CertFiles {
     }
 
     fn contents(&self) -> Option<Vec<u8>> {
-        let mut both = std::fs::read(&self.cert).ok()?;
-        both.extend_from_slice(&std::fs::read(&self.key).ok()?);
+        let mut both = read(&self.cert).ok()?;
+        both.extend_from_slice(&read(&self.key).ok()?);
         Some(both)
     }
 }

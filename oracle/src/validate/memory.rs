@@ -380,10 +380,12 @@ pub fn validate_memory_file(
     path: &std::path::Path,
     catalog: &Catalog,
 ) -> Result<MemoryValidation, PlanError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text = crate::bounds::read_text_file(path, crate::bounds::limits::TABLE_BYTES).map_err(
+        |source| PlanError::Io {
+            path: path.display().to_string(),
+            source,
+        },
+    )?;
     validate_memory_text(&text, catalog)
 }
 
