@@ -202,6 +202,22 @@ fn deep_yaml_and_huge_flags_are_one_line_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("recursion limit") && !err.contains("error: line"),
+        "{err}"
+    );
+    // Nine levels of ten aliases each ("billion laughs"): 10^9 nodes if expanded.
+    let mut laughs = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..9 {
+        let p = format!("*a{}", i - 1);
+        laughs.push_str(&format!("a{i}: &a{i} [{}]\n", [p.as_str(); 10].join(", ")));
+    }
+    laughs.push_str("spec: *a8\n");
+    let out = primus_capped(dir.path(), &laughs, &["memory"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("more YAML than any plan or profile"), "{err}");
     // `--top` is bounded like spec.tuning.topK.
     let out = primus_capped(
         dir.path(),

@@ -9,8 +9,23 @@ use crate::error::{FieldError, PlanError};
 pub fn parse_yaml_value(text: &str, source_name: &str) -> Result<serde_json::Value, PlanError> {
     serde_saphyr::from_str::<serde_json::Value>(text).map_err(|e| PlanError::Syntax {
         source_name: source_name.to_string(),
-        message: one_line(e.to_string().lines().next().unwrap_or_default()),
+        message: one_line(&syntax_message(
+            e.to_string().lines().next().unwrap_or_default(),
+        )),
     })
+}
+
+/// The parser's first line in this crate's words: without its own `error: ` prefix (the
+/// caller adds one), and a breached parser budget (nodes, aliases, depth: what anchors and
+/// aliases expand to) said as what it is.
+fn syntax_message(line: &str) -> String {
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    match line.split_once("budget breached: ") {
+        Some((at, what)) => format!(
+            "{at}more YAML than any plan or profile (anchors and aliases count each time they are used; the parser's budget: {what})"
+        ),
+        None => line.to_string(),
+    }
 }
 
 /// Deserialize `value` into `T`, turning serde errors into a [`FieldError`] whose field is
