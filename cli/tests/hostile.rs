@@ -365,3 +365,37 @@ fn a_file_that_never_ends_is_refused_not_read_whole() {
         );
     }
 }
+
+#[test]
+fn a_profiles_directory_is_listed_to_its_bound() {
+    // A directory of model cards adds to the built-in ones; one of more than
+    // bounds::limits::PROFILE_FILES entries (4,096) is refused in one line, not collected.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let models = dir.path().join("models");
+    std::fs::create_dir_all(&models).expect("models/");
+    let card = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/models/llama3.1-8b.yaml"),
+    )
+    .expect("the built-in card");
+    std::fs::write(models.join("my-llama.yaml"), &card).expect("write the card");
+    let list = |d: &Path| {
+        let mut cmd = assert_cmd::Command::cargo_bin("primus").expect("the primus binary");
+        cmd.args(["profiles", "--profiles-dir"])
+            .arg(d)
+            .timeout(Duration::from_secs(10));
+        cmd.output().expect("run primus")
+    };
+    let out = list(dir.path());
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("my-llama"));
+    for i in 0..4096 {
+        std::fs::write(models.join(format!("n{i}.txt")), "").expect("an entry");
+    }
+    let out = list(dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("more than 4096 entries") && err.lines().count() == 1,
+        "{err}"
+    );
+}

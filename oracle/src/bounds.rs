@@ -82,6 +82,9 @@ pub mod limits {
     pub const DOCUMENT_BYTES: u64 = 4 << 20;
     /// Bytes of a validation table (CSV) read whole (the largest here: ~180 KB).
     pub const TABLE_BYTES: u64 = 64 << 20;
+    /// Entries of one profiles directory (`models/` or `hardware/`) the catalog lists (the
+    /// built-in ones: 19 model cards, 11 hardware profiles).
+    pub const PROFILE_FILES: u64 = 4096;
 }
 
 /// The bytes of a file of at most `max` bytes. A longer one, or a device that never ends

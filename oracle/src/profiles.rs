@@ -69,8 +69,21 @@ impl Catalog {
             let Ok(entries) = std::fs::read_dir(&sub) else {
                 continue;
             };
-            let mut paths: Vec<_> = entries
-                .flatten()
+            // Listed to at most the bound plus one entry: a directory of millions of files is
+            // refused, not collected.
+            let max = crate::bounds::limits::PROFILE_FILES;
+            let listed: Vec<_> = entries.take(max as usize + 1).flatten().collect();
+            if listed.len() as u64 > max {
+                return Err(PlanError::Io {
+                    path: sub.display().to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("more than {max} entries, more than any profiles directory"),
+                    ),
+                });
+            }
+            let mut paths: Vec<_> = listed
+                .into_iter()
                 .map(|e| e.path())
                 .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"))
                 .collect();
