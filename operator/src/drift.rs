@@ -4,7 +4,7 @@
 //! projected - 1; within tolerance when |drift| <= `spec.drift.tolerance` (default 0.10).
 
 use primus_crds::{DriftSpec, DriftStatus, MeasuredThroughput, PrometheusSource};
-pub use primus_oracle::bounds::limits;
+use primus_oracle::bounds::limits;
 
 /// A measured throughput and where it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,15 +13,17 @@ pub struct Measurement {
     pub source: String,
 }
 
+/// Whether a measured throughput (tokens/s/GPU) is one a run can have: finite, not negative
+/// (a stalled job's 0 is a drift of -100%), at most [`limits::TOKENS_PER_SECOND_PER_GPU`].
+/// Anyone with the status verb can write `status.measured`.
+pub fn plausible(measured: f64) -> bool {
+    measured.is_finite() && (0.0..=limits::TOKENS_PER_SECOND_PER_GPU).contains(&measured)
+}
+
 /// Drift of a measurement against a projection (`None` when the projection is not positive,
-/// or the measurement is no throughput a run can have: negative, not finite, or beyond
-/// [`limits::TOKENS_PER_SECOND_PER_GPU`]; a stalled job's 0 is a drift of -100%).
+/// or the measurement is not [`plausible`]).
 pub fn drift(projected: f64, measured: f64, tolerance: f64) -> Option<DriftStatus> {
-    if !(projected.is_finite()
-        && projected > 0.0
-        && measured.is_finite()
-        && (0.0..=limits::TOKENS_PER_SECOND_PER_GPU).contains(&measured))
-    {
+    if !(projected.is_finite() && projected > 0.0 && plausible(measured)) {
         return None;
     }
     let ratio = measured / projected - 1.0;

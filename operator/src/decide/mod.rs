@@ -602,11 +602,10 @@ pub fn drift(
     measured: Option<Measurement>,
     plan: (&str, &str),
 ) -> (Verdicts, Option<(f64, DriftStatus)>) {
-    let unusable = measured.as_ref().and_then(|x| {
-        let v = x.tokens_per_second_per_gpu;
-        (!(v.is_finite() && (0.0..=drift::limits::TOKENS_PER_SECOND_PER_GPU).contains(&v)))
-            .then(|| (v, x.source.clone()))
-    });
+    let unusable = measured
+        .as_ref()
+        .filter(|x| !drift::plausible(x.tokens_per_second_per_gpu))
+        .map(|x| (x.tokens_per_second_per_gpu, x.source.clone()));
     let compared = measured.and_then(|x| {
         drift::drift(projected, x.tokens_per_second_per_gpu, tolerance).map(|d| (x, d))
     });
@@ -615,7 +614,7 @@ pub fn drift(
         let message = match unusable {
             Some((v, source)) => format!(
                 "the measured throughput from {source} ({v:e} tokens/s/GPU) is no figure a run can have (negative, not finite, or above {:e}): not compared; report the run's own with `primus report --plan {ns}/{name} --tokens-per-second X`",
-                drift::limits::TOKENS_PER_SECOND_PER_GPU
+                primus_oracle::bounds::limits::TOKENS_PER_SECOND_PER_GPU
             ),
             None => format!(
                 "no measured throughput yet: the job reports it with `primus report --plan {ns}/{name} --tokens-per-second X`, or set spec.drift.prometheus"
