@@ -176,6 +176,9 @@ pub struct Op {
     /// load factor, already folded into `m` and `flops` of expert GEMMs); 1 otherwise.
     /// Model FLOPs count the balanced work: `flops / load`.
     pub load: f64,
+    /// Of an attention core's FLOPs, the fraction in unmasked (non-causal) blocks, timed at
+    /// the profile's `attentionUnmaskedGain`; 0 for every other op.
+    pub unmasked: f64,
 }
 
 impl Op {
@@ -201,6 +204,7 @@ impl Op {
             selective: false,
             part: Part::Attention,
             load: 1.0,
+            unmasked: 0.0,
         }
     }
 
@@ -237,6 +241,7 @@ impl Op {
             selective: false,
             part: Part::Attention,
             load: 1.0,
+            unmasked: 0.0,
         }
     }
 
@@ -392,7 +397,10 @@ impl OpTimer for AnalyticTimer {
                     Pass::Dgrad => (e.attention_backward(), 2.0 * op.bytes),
                     Pass::Wgrad => return 0.0,
                 };
-                let flops = op.pass_flops(pass);
+                // The causal share at the profile's (causal) efficiency, the unmasked share
+                // at `attentionUnmaskedGain` times it.
+                let u = op.unmasked.clamp(0.0, 1.0);
+                let flops = op.pass_flops(pass) * ((1.0 - u) + u / e.attention_unmasked_gain());
                 (flops / (hw.peak_flops(Precision::Bf16) * eff)).max(bytes / hbm)
                     + overhead * op.kernels
             }

@@ -113,6 +113,12 @@ pub struct Efficiency {
     /// Flash-attention backward efficiency (fraction of the BF16 peak); defaults to `attention`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_backward: Option<f64>,
+    /// Throughput of the attention kernels on an unmasked (non-causal) block over a causal
+    /// one of the same shape, both passes, in [1, 2]: `attention` and `attentionBackward` are
+    /// causal figures, and context parallelism's ring runs (cp - 1) / cp of its pairs
+    /// unmasked; absent = 1 (no measurement of the library Megatron runs on this generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_unmasked_gain: Option<f64>,
     /// Fraction of HBM bandwidth reached by memory-bound (element-wise, norm) kernels.
     pub memory_bound: f64,
     /// Fraction of the scale-up link bandwidth reached by collectives (bus bandwidth
@@ -158,10 +164,19 @@ fn one() -> f64 {
     1.0
 }
 
+/// The largest unmasked-over-causal attention gain a profile may state: a causal kernel does
+/// half the work of an unmasked one of the same shape, so no measurement is near 2.
+pub const MAX_ATTENTION_UNMASKED_GAIN: f64 = 2.0;
+
 impl Efficiency {
     /// Flash-attention backward efficiency.
     pub fn attention_backward(&self) -> f64 {
         self.attention_backward.unwrap_or(self.attention)
+    }
+
+    /// Unmasked-over-causal attention throughput (1 when the profile gives none).
+    pub fn attention_unmasked_gain(&self) -> f64 {
+        self.attention_unmasked_gain.unwrap_or(1.0)
     }
 
     /// Collective efficiency across domains.
@@ -408,6 +423,13 @@ impl HardwareProfile {
             ("efficiency.kernelOverheadUs", e.kernel_overhead_us),
         ] {
             microseconds(at, name, v)?;
+        }
+        let gain = e.attention_unmasked_gain();
+        if !(gain.is_finite() && (1.0..=MAX_ATTENTION_UNMASKED_GAIN).contains(&gain)) {
+            return Err(FieldError::new(
+                format!("{at}.efficiency.attentionUnmaskedGain"),
+                format!("must be in [1, {MAX_ATTENTION_UNMASKED_GAIN}], got {gain}"),
+            ));
         }
         if !(e.ep_overlap.is_finite() && (0.0..=1.0).contains(&e.ep_overlap)) {
             return Err(FieldError::new(

@@ -88,6 +88,22 @@ pub fn attention_pairs(s: f64, window: Option<f64>, cp: f64) -> f64 {
     pairs / cp
 }
 
+/// Of one CP rank's attention-core work, the fraction in unmasked (non-causal) blocks.
+/// Transformer Engine's ring (`context_parallel.py`, `AttnFuncWithCPAndKVP2P`, causal
+/// masking with the load-balanced split of the sequence into 2 x cp chunks, rank r holding
+/// chunks r and 2cp - 1 - r) runs its first step, the rank's own key/value chunks, as one
+/// causal kernel over its 2c tokens (2c^2 pairs), and each of the other cp - 1 steps as an
+/// unmasked kernel of 2c^2 pairs (both query chunks against one key/value chunk, or one
+/// query chunk against both): (cp - 1) / cp of the work. Without context parallelism, and
+/// for sliding-window layers (a banded mask), every kernel is masked.
+pub fn unmasked_attention_fraction(cp: f64, sliding: bool) -> f64 {
+    if sliding || cp <= 1.0 {
+        0.0
+    } else {
+        (cp - 1.0) / cp
+    }
+}
+
 /// The op list of one decoder layer of the given shape, per GPU and micro-batch.
 pub fn layer_ops(card: &ModelCard, d: &Dims, shape: LayerShape) -> OpList {
     let mut ops = OpList::default();
@@ -163,6 +179,7 @@ fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList
         selective: true,
         part: Part::Attention,
         load: 1.0,
+        unmasked: unmasked_attention_fraction(d.cp, window.is_some_and(|w| w < d.s)),
     });
     if d.cp > 1.0 {
         // Context parallelism's ring attention runs the core in `cp` steps, one per KV chunk,
