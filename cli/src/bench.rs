@@ -354,11 +354,8 @@ fn write_output(args: &Args, results: &BenchmarkResults) -> Result<(), CliError>
 pub fn run(args: &Args) -> Result<(), CliError> {
     if let Some(path) = &args.file {
         let c = catalog(&args.common)?;
-        let text = primus_oracle::bounds::read_text_file(
-            path,
-            primus_oracle::bounds::limits::DOCUMENT_BYTES,
-        )
-        .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        let text =
+            primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
         let source = path.display().to_string();
         let plan = super::plan_from_text(&text, &source, &c)?;
         let doc = parse_yaml_value(&text, &source)?;

@@ -94,8 +94,7 @@ pub fn catalog(common: &Common) -> Result<Catalog, CliError> {
 pub fn plan(common: &Common, path: &Path) -> Result<(Catalog, Plan), CliError> {
     let c = catalog(common)?;
     let text =
-        primus_oracle::bounds::read_text_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
-            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
     let p = plan_from_text(&text, &path.display().to_string(), &c)?;
     Ok((c, p))
 }

@@ -165,8 +165,7 @@ impl From<TuneError> for CliError {
 /// resolved plan keeps neither).
 fn raw_job_settings(path: &std::path::Path) -> Result<(Value, bool), CliError> {
     let text =
-        primus_oracle::bounds::read_text_file(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
-            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
     let doc = parse_yaml_value(&text, &path.display().to_string())?;
     let spec = doc.get("spec").cloned().unwrap_or(doc);
     let preset = spec

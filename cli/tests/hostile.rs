@@ -17,10 +17,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 const BASE: &str = "model: {preset: llama3.1-8b}\ncluster: {gpu: h100-sxm, gpus: 8}\n";
 const TRAINING: &str = "training: {seqLength: 4096, globalBatchSize: 64}\n";
 
-/// `primus ARGS -f PLAN` under `ulimit -v 2 GiB` and a 10 s timeout.
-fn primus_capped(dir: &Path, plan: &str, args: &[&str]) -> Output {
-    let file = dir.join("plan.yaml");
-    std::fs::write(&file, plan).expect("write the plan");
+/// `primus ARGS` under `ulimit -v 2 GiB` and a 10 s timeout.
+fn capped<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     let exe = std::process::Command::cargo_bin("primus").expect("the primus binary");
     let exe = exe.get_program().to_owned();
     let mut cmd = assert_cmd::Command::new("sh");
@@ -28,10 +26,18 @@ fn primus_capped(dir: &Path, plan: &str, args: &[&str]) -> Output {
         .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
         .arg(exe)
         .args(args)
-        .arg("-f")
-        .arg(&file)
         .timeout(Duration::from_secs(10));
     cmd.output().expect("run primus")
+}
+
+/// `primus ARGS -f PLAN` under the same caps ([`capped`]).
+fn primus_capped(dir: &Path, plan: &str, args: &[&str]) -> Output {
+    let file = dir.join("plan.yaml");
+    std::fs::write(&file, plan).expect("write the plan");
+    let mut all: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    all.push("-f".into());
+    all.push(file.into_os_string());
+    capped(&all)
 }
 
 /// The plan is refused: exit 2, one line `error: FIELD: ...` (and `expect` in it).
@@ -335,8 +341,6 @@ fn a_file_that_never_ends_is_refused_not_read_whole() {
         format!("{BASE}{TRAINING}parallelism: {{tp: 1, pp: 1, microBatchSize: 1}}\n"),
     )
     .expect("write the plan");
-    let exe = std::process::Command::cargo_bin("primus").expect("the primus binary");
-    let exe = exe.get_program().to_owned();
     let plan = plan.to_str().expect("utf-8 path");
     for (args, bound) in [
         (vec!["project", "-f", "/dev/zero"], "4 MiB"),
@@ -350,13 +354,7 @@ fn a_file_that_never_ends_is_refused_not_read_whole() {
         (vec!["validate", "/dev/zero"], "64 MiB"),
         (vec!["validate", "--memory", "/dev/zero"], "64 MiB"),
     ] {
-        let mut cmd = assert_cmd::Command::new("sh");
-        cmd.arg("-c")
-            .arg("ulimit -v 2097152 && exec \"$0\" \"$@\"")
-            .arg(&exe)
-            .args(&args)
-            .timeout(Duration::from_secs(10));
-        let out = cmd.output().expect("run primus");
+        let out = capped(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(

@@ -118,6 +118,14 @@ pub fn read_text_file(path: &std::path::Path, max: u64) -> std::io::Result<Strin
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
+/// An input file's text ([`read_text_file`]), its error naming the path.
+pub fn read_input(path: &std::path::Path, max: u64) -> Result<String, crate::error::PlanError> {
+    read_text_file(path, max).map_err(|source| crate::error::PlanError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 /// A regular expression the API server checks (`pattern` in the schema) and the same test in
 /// Rust.
 #[derive(Debug, Clone, Copy)]
@@ -513,6 +521,7 @@ pub fn shown(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_file_is_read_up_to_its_bound_and_no_further() {
@@ -539,7 +548,6 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
-    use super::*;
 
     struct T {
         n: u32,

@@ -647,11 +647,6 @@ pub fn read_document(
 
 /// Read and parse a plan file.
 pub fn load_plan(path: &std::path::Path, catalog: &Catalog) -> Result<Plan, PlanError> {
-    let text = crate::bounds::read_text_file(path, crate::bounds::limits::DOCUMENT_BYTES).map_err(
-        |source| PlanError::Io {
-            path: path.display().to_string(),
-            source,
-        },
-    )?;
+    let text = crate::bounds::read_input(path, crate::bounds::limits::DOCUMENT_BYTES)?;
     parse_plan(&text, &path.display().to_string(), catalog)
 }

@@ -94,12 +94,7 @@ impl Catalog {
                     .and_then(|s| s.to_str())
                     .unwrap_or_default()
                     .to_string();
-                let text =
-                    crate::bounds::read_text_file(&path, crate::bounds::limits::DOCUMENT_BYTES)
-                        .map_err(|source| PlanError::Io {
-                            path: path.display().to_string(),
-                            source,
-                        })?;
+                let text = crate::bounds::read_input(&path, crate::bounds::limits::DOCUMENT_BYTES)?;
                 let source = path.display().to_string();
                 if kind == "models" {
                     let card = parse_model(&name, &text, &source)?;

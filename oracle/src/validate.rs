@@ -40,12 +40,13 @@ use csv::{
     row_measurement, row_scenario,
 };
 pub use csv::{
-    LAYOUT_COLUMNS, MAX_SECONDS_PER_ITERATION, MAX_TFLOPS_PER_GPU, MAX_TOKENS_PER_SECOND_PER_GPU,
-    MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv, seconds_per_iteration,
+    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
+    seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
 pub use stats::{Aggregate, RankGroup, spearman};
 
+use crate::bounds::limits;
 use crate::error::PlanError;
 use crate::profiles::Catalog;
 use crate::projection::{self, Breakdown, Projection};
@@ -326,14 +327,7 @@ pub fn validate_files_with(
 pub fn read_texts(paths: &[&std::path::Path]) -> Result<Vec<String>, PlanError> {
     paths
         .iter()
-        .map(|path| {
-            crate::bounds::read_text_file(path, crate::bounds::limits::TABLE_BYTES).map_err(
-                |source| PlanError::Io {
-                    path: path.display().to_string(),
-                    source,
-                },
-            )
-        })
+        .map(|path| crate::bounds::read_input(path, crate::bounds::limits::TABLE_BYTES))
         .collect()
 }
 
@@ -349,11 +343,13 @@ fn empty_result(row: &Row, status: RowStatus) -> RowResult {
         measured: None,
         projected: None,
         error: None,
-        measured_tflops_per_gpu: row
-            .get("measuredTflopsPerGpu")
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_TFLOPS_PER_GPU),
+        measured_tflops_per_gpu: measured_figure(
+            row,
+            "measuredTflopsPerGpu",
+            limits::TFLOPS_PER_GPU,
+            "TFLOP/s",
+        )
+        .ok(),
         projected_tflops_per_gpu: None,
         projected_tokens_per_second_per_gpu: None,
         mfu: None,

@@ -6,6 +6,8 @@
 //! 1310). Checked against hand-derived times, and out of sample against the
 //! Megatron-MoE-ModelZoo Qwen3-235B long-context series of `data/moe.csv`.
 
+mod common;
+
 use primus_oracle::compute::{
     AnalyticTimer, Dims, LayerShape, OpTimes, TimerContext, layer_ops, unmasked_attention_fraction,
 };
@@ -13,27 +15,22 @@ use primus_oracle::layout::Layout;
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
 use primus_oracle::validate::{Options, validate_text_with};
 
 const MOE: &str = include_str!("data/moe.csv");
 
 /// Llama 3.1 8B on 8 H100 at sequence `seq`, context parallelism `cp`.
 fn llama8b(seq: u64, cp: u32) -> (Scenario, Layout) {
-    let c = Catalog::builtin().unwrap();
-    let s = Scenario {
-        model: c.model("llama3.1-8b").unwrap().clone(),
-        hardware: c.hardware("h100-sxm").unwrap().clone(),
-        cluster: Cluster {
-            gpus: 8,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: seq,
-            global_batch_size: 64,
-            precision: Precision::Bf16,
-        },
-    };
+    let s = common::scenario(
+        "llama3.1-8b",
+        "h100-sxm",
+        8,
+        Some(8),
+        seq,
+        64,
+        Precision::Bf16,
+    );
     (
         s,
         Layout {

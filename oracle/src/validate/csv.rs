@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{Metric, RowStatus};
+use crate::bounds::limits;
 use crate::layout::Layout;
 use crate::parse::from_value_at;
 use crate::precision::Precision;
@@ -194,7 +195,7 @@ pub fn seconds_per_iteration(note: &str) -> Option<f64> {
     before[start..]
         .parse::<f64>()
         .ok()
-        .filter(|v| v.is_finite() && *v > 0.0 && *v <= MAX_SECONDS_PER_ITERATION)
+        .filter(|v| v.is_finite() && *v > 0.0 && *v <= limits::SECONDS_PER_ITERATION)
 }
 
 /// Megatron's `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`
@@ -312,11 +313,6 @@ fn layout_value(col: &str, v: &str) -> serde_json::Value {
         },
     }
 }
-
-pub use crate::bounds::limits::{
-    SECONDS_PER_ITERATION as MAX_SECONDS_PER_ITERATION, TFLOPS_PER_GPU as MAX_TFLOPS_PER_GPU,
-    TOKENS_PER_SECOND_PER_GPU as MAX_TOKENS_PER_SECOND_PER_GPU,
-};
 
 /// A measured figure: a finite number greater than 0 and at most `max` (`unit` names it in
 /// the error).
@@ -480,14 +476,14 @@ pub(super) fn row_measurement(row: &Row) -> Result<(Metric, f64), String> {
                 "" => Err(
                     "no measurement: measuredTokensPerSecondPerGpu and measuredTflopsPerGpu are empty and notes give no \"<x> s per iteration\"".into(),
                 ),
-                _ => measured_figure(row, "measuredTflopsPerGpu", MAX_TFLOPS_PER_GPU, "TFLOP/s")
+                _ => measured_figure(row, "measuredTflopsPerGpu", limits::TFLOPS_PER_GPU, "TFLOP/s")
                     .map(|v| (Metric::TflopsPerGpu, v)),
             },
         },
         _ => measured_figure(
             row,
             "measuredTokensPerSecondPerGpu",
-            MAX_TOKENS_PER_SECOND_PER_GPU,
+            limits::TOKENS_PER_SECOND_PER_GPU,
             "tokens/s",
         )
         .map(|v| (Metric::TokensPerSecondPerGpu, v)),

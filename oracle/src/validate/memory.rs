@@ -380,12 +380,7 @@ pub fn validate_memory_file(
     path: &std::path::Path,
     catalog: &Catalog,
 ) -> Result<MemoryValidation, PlanError> {
-    let text = crate::bounds::read_text_file(path, crate::bounds::limits::TABLE_BYTES).map_err(
-        |source| PlanError::Io {
-            path: path.display().to_string(),
-            source,
-        },
-    )?;
+    let text = crate::bounds::read_input(path, crate::bounds::limits::TABLE_BYTES)?;
     validate_memory_text(&text, catalog)
 }
 
