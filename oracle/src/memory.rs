@@ -15,8 +15,10 @@
 //!   DP x CP for dense parameters and the expert-data-parallel group for expert parameters;
 //!   without it 2 + 4 + 12 = 18; with FSDP all 18 bytes are sharded; with BF16 gradients
 //!   (`--grad-reduce-in-bf16`) 2 + 2 unsharded and 12 + 4 (an FP32 copy of the gradient
-//!   shard) sharded: 4 + 16/d, the same table's 16-bit-gradient row; the precision-aware
-//!   optimizer's dtypes, optimizer CPU offload and FP8 parameters as [`optimizer`] derives;
+//!   shard) sharded: 4 + 16/d, the same table's 16-bit-gradient row, whose copy exists only
+//!   from the optimizer step to the next `zero_grad` and so is not counted beside the
+//!   activations; the precision-aware optimizer's dtypes, optimizer CPU offload and FP8
+//!   parameters as [`optimizer`] derives;
 //! - FP8 (Transformer Engine): an FP8 copy of every GEMM weight and its transpose, kept for the
 //!   whole step, 2 bytes per GEMM weight ([`FP8_WEIGHT_COPY_BYTES`]), or FP8 weights
 //!   themselves with `--fp8-param-gather` ([`FP8_PARAM_BYTES`]);
@@ -94,7 +96,13 @@ pub struct StageMemory {
     pub layers: u32,
     pub weights_bytes: f64,
     pub gradients_bytes: f64,
+    /// The optimizer's states (FP32 master and moments, or the precision-aware optimizer's).
     pub optimizer_bytes: f64,
+    /// The FP32 copy of the gradient shard the optimizer makes for its update when the
+    /// gradient buffer is BF16, live from the step to the next step's `zero_grad`: not beside
+    /// the activations (see [`optimizer`]); in the total only where it exceeds the
+    /// activations and buffers it replaces (that excess is part of the other bytes).
+    pub step_grad_copy_bytes: f64,
     pub activations_bytes: f64,
     pub other_bytes: f64,
     pub total_bytes: f64,

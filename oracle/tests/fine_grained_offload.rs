@@ -89,15 +89,28 @@ fn attention_groups_by_hand() {
     // qkv_linear: Transformer Engine's fused LayerNormLinear keeps the norm's input and output,
     // 2 x 2 B x 4096; mlp_norm: the MoE block's separate pre-MLP norm input, 2 B x 4096.
     assert_eq!(moved.seq, 16_384.0 + 8_192.0);
-    // core_attn: Q 2 B x 64 x 128, K and V 2 B x 4 x 128 each; attn_proj: the output
-    // projection's input 2 B x 64 x 128.
-    assert_eq!(moved.tensor, 16_384.0 + 2.0 * 1_024.0 + 16_384.0);
+    // qkv_linear also: the QK layernorm's saved inputs, the query (64 heads) and key (4 heads)
+    // copies of 2 B x 128 each, with an fp32 rstd per head (TE `ops/basic/rmsnorm.py`):
+    // 68 x 260 = 17,680 B. core_attn: Q 2 B x 64 x 128, K and V 2 B x 4 x 128 each;
+    // attn_proj: the output projection's input 2 B x 64 x 128.
+    assert_eq!(moved.tensor, 17_680.0 + 16_384.0 + 2.0 * 1_024.0 + 16_384.0);
+    assert_eq!(
+        terms(&s, LayerKind::Moe, Keep::All, &[QkvLinear]).1.tensor,
+        17_680.0
+    );
+    // A card without QK layernorm (Llama) keeps none of it.
+    let llama = scenario("llama3.1-8b", "h100-sxm", 8);
+    assert_eq!(
+        terms(&llama, LayerKind::Dense, Keep::All, &[QkvLinear])
+            .1
+            .tensor,
+        0.0
+    );
     // The softmax statistics (fp32 per head) stay: under Megatron's 1M-element minimum.
     assert_eq!(all.tensor - moved.tensor, 4.0 * 64.0);
     // attn_norm moves nothing here: the input norm is fused (an IdentityOp in Megatron).
     assert_eq!(terms(&s, LayerKind::Moe, Keep::All, &[AttnNorm]).1.seq, 0.0);
     // A dense MLP fuses its norm too: mlp_norm moves nothing in a dense layer.
-    let llama = scenario("llama3.1-8b", "h100-sxm", 8);
     assert_eq!(
         terms(&llama, LayerKind::Dense, Keep::All, &[MlpNorm]).1.seq,
         0.0

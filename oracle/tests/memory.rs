@@ -234,17 +234,35 @@ fn megatron_distributed_optimizer_accounting() {
     );
     // BF16 gradients (`--grad-reduce-in-bf16`): 2 + 2 unsharded, FP32 gradient shard copy 4 +
     // 12 sharded: Megatron-LM docs/source/api-guide/dist_optimizer.md, the 16-bit-gradient row
-    // "4 + 16/d" (and 20 without the distributed optimizer).
+    // "4 + 16/d" (and 20 without the distributed optimizer). The copy (`.float()` of the shard
+    // in `_copy_model_grads_to_main_grads`) is made at the optimizer step and dropped by the
+    // next step's `zero_grad` before its forward passes: it is the step's, not beside the
+    // activations, so the peak is 4 + 12/d plus the activations.
     let bf16 = Layout {
         grad_reduce_in_fp32: false,
         ..Layout::default()
     };
     let st = estimate(&s, &bf16).stages[0].clone();
     assert_eq!(st.gradients_bytes, 2.0 * p);
+    assert_eq!(st.optimizer_bytes, 12.0 * p / 8.0);
+    assert_eq!(st.step_grad_copy_bytes, 4.0 * p / 8.0);
     assert_eq!(
-        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
+        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes + st.step_grad_copy_bytes,
         (4.0 + 16.0 / 8.0) * p
     );
+    // The activations of one 4096-token micro-batch exceed the copy: the total is the
+    // model state without it, plus the activations and the other bytes.
+    assert!(st.activations_bytes > st.step_grad_copy_bytes);
+    assert_eq!(
+        st.total_bytes,
+        st.weights_bytes
+            + st.gradients_bytes
+            + st.optimizer_bytes
+            + st.activations_bytes
+            + st.other_bytes
+    );
+    let fp32 = estimate(&s, &Layout::default()).stages[0].clone();
+    assert_eq!(fp32.step_grad_copy_bytes, 0.0);
     let st = estimate(
         &s,
         &Layout {
@@ -255,8 +273,28 @@ fn megatron_distributed_optimizer_accounting() {
     .stages[0]
         .clone();
     assert_eq!(
-        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
+        st.weights_bytes + st.gradients_bytes + st.optimizer_bytes + st.step_grad_copy_bytes,
         20.0 * p
+    );
+    // Without the distributed optimizer the copy is of every parameter (4 bytes): more than a
+    // 4096-token micro-batch's activations of Llama 2 7B (32 layers x ~0.4 GiB) here, so the
+    // step sets the peak, by the copy's excess over the activations and buffers, which the
+    // other bytes carry.
+    let passes = st.activations_bytes + st.buffers_bytes;
+    assert_eq!(st.step_grad_copy_bytes, 4.0 * p);
+    assert!(st.step_grad_copy_bytes > passes);
+    // Allocated at the step: weight 2 + gradient 2 + states 12, and the copy 4.
+    let tensors = 16.0 * p + st.step_grad_copy_bytes;
+    assert!((st.allocated_bytes - tensors).abs() <= 1e-6 * tensors);
+    let excess = st.step_grad_copy_bytes - passes;
+    assert!(
+        (st.other_bytes
+            - st.buffers_bytes
+            - st.fragmentation_bytes
+            - st.communicator_bytes
+            - excess)
+            .abs()
+            <= 1e-6 * tensors
     );
 }
 

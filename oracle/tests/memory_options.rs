@@ -90,7 +90,8 @@ fn optimizer_cpu_offload_moves_what_megatron_moves() {
         assert_eq!(state(&l).2, bytes * P / 8.0, "fraction {f}");
     }
     // With it, the optimizer's parameters are the BF16 shards: the part left on the GPU gets
-    // an FP32 copy and FP32 moments, 12(1 - f)/d; with BF16 gradients also an FP32 gradient.
+    // an FP32 copy and FP32 moments, 12(1 - f)/d; with BF16 gradients also an FP32 gradient,
+    // 4(1 - f)/d, which exists for the step only (the next step's zero_grad drops it).
     let l = Layout {
         precision_aware_optimizer: true,
         optimizer_cpu_offload: true,
@@ -102,7 +103,9 @@ fn optimizer_cpu_offload_moves_what_megatron_moves() {
         main_grads_dtype: OptimizerDtype::Bf16,
         ..l
     };
-    assert_eq!(state(&l).2, 8.0 * P / 8.0);
+    assert_eq!(state(&l).2, 6.0 * P / 8.0);
+    let st = estimate(&llama2_7b(), &l).stages[0].clone();
+    assert_eq!(st.step_grad_copy_bytes, 2.0 * P / 8.0);
 }
 
 #[test]

@@ -720,12 +720,21 @@ fn grad_reduce_in_bf16_is_read_from_the_flags_and_counted() {
     let a = memory::estimate(&fp32.scenario, &fp32.layout).stages[0].clone();
     let b = memory::estimate(&bf16.scenario, &bf16.layout).stages[0].clone();
     assert_eq!(a.parameters, b.parameters);
-    let saved = (a.gradients_bytes + a.optimizer_bytes) - (b.gradients_bytes + b.optimizer_bytes);
+    let state = |st: &memory::StageMemory| {
+        st.gradients_bytes + st.optimizer_bytes + st.step_grad_copy_bytes
+    };
+    let saved = state(&a) - state(&b);
     let expected = (2.0 - 4.0 / 64.0) * a.parameters;
     assert!(
         (saved - expected).abs() < 1e-6 * expected,
         "{saved} vs {expected}"
     );
+    // The copy exists for the optimizer step only (the next step's zero_grad drops it), so
+    // beside the activations the BF16 job holds the full 2 bytes per parameter less.
+    assert_eq!(a.step_grad_copy_bytes, 0.0);
+    assert!((b.step_grad_copy_bytes - 4.0 / 64.0 * b.parameters).abs() < 1e-6 * b.parameters);
+    let beside = (a.gradients_bytes + a.optimizer_bytes) - (b.gradients_bytes + b.optimizer_bytes);
+    assert!((beside - 2.0 * a.parameters).abs() < 1e-6 * a.parameters);
     // Still far too big for a 192 GiB GPU: the denial quotes the smaller prediction.
     let v = validator();
     let (_, ans) = answer(&v, PYTORCHJOB, &review(&bf16_job, None, false));

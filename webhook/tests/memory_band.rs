@@ -271,7 +271,7 @@ fn gpt_oss_on_b200(micro_batch_size: u32) -> (Scenario, Layout) {
     let l = Layout {
         ep: 8,
         micro_batch_size,
-        grad_reduce_in_fp32: false,
+        grad_reduce_in_fp32: true,
         attention_dropout: Fraction::ZERO,
         hidden_dropout: Fraction::ZERO,
         ..Layout::default()
@@ -279,8 +279,9 @@ fn gpt_oss_on_b200(micro_batch_size: u32) -> (Scenario, Layout) {
     (s, l)
 }
 
-/// Qwen3-30B-A3B FP8 on 16 H100, TP1 PP2 VPP24 EP8, BF16 gradients, no dropout: the
-/// published row N5 (Megatron-Bridge 25.11, which ran) at MBS 2.
+/// Qwen3-30B-A3B FP8 on 16 H100, TP1 PP2 VPP24 EP8, no dropout: the published row N5
+/// (Megatron-Bridge 25.11, which ran with BF16 gradients) at MBS 2, here with Megatron's
+/// default FP32 gradient accumulation (no `--grad-reduce-in-bf16`).
 fn qwen3_30b_on_h100(micro_batch_size: u32) -> (Scenario, Layout) {
     let c = Catalog::builtin().unwrap();
     let s = Scenario {
@@ -302,7 +303,7 @@ fn qwen3_30b_on_h100(micro_batch_size: u32) -> (Scenario, Layout) {
         ep: 8,
         schedule: primus_oracle::layout::Schedule::Interleaved,
         micro_batch_size,
-        grad_reduce_in_fp32: false,
+        grad_reduce_in_fp32: true,
         attention_dropout: Fraction::ZERO,
         hidden_dropout: Fraction::ZERO,
         ..Layout::default()
@@ -312,9 +313,10 @@ fn qwen3_30b_on_h100(micro_batch_size: u32) -> (Scenario, Layout) {
 
 #[test]
 fn over_usable_within_the_band_is_admitted_with_a_warning_beyond_it_denied() {
-    // Qwen3-30B-A3B FP8 on 16 H100 (row N5, which ran) is predicted 2.9% over usable at
-    // MBS 2, within the MoE band (the largest over-prediction of a MoE run that ran); MBS 4
-    // beyond it.
+    // Qwen3-30B-A3B FP8 on 16 H100 (row N5, which ran with BF16 gradients and is predicted
+    // 2.1% under usable) with FP32 gradients is predicted 4.3% over usable at MBS 2 (82.1 of
+    // 78.75 GiB), within the MoE band (the largest over-prediction of a measured MoE peak,
+    // +5%); MBS 4 beyond it.
     let (s, l) = qwen3_30b_on_h100(2);
     let band = Band::of(&s);
     let usable = s.hardware.usable_bytes();
@@ -330,7 +332,7 @@ fn over_usable_within_the_band_is_admitted_with_a_warning_beyond_it_denied() {
     assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
     assert!(
         v.warnings[0]
-            .contains("within the memory model's measured error band -29%/+3% (Megatron MoE jobs)"),
+            .contains("within the memory model's measured error band -29%/+5% (Megatron MoE jobs)"),
         "{:?}",
         v.warnings
     );
@@ -344,7 +346,7 @@ fn over_usable_within_the_band_is_admitted_with_a_warning_beyond_it_denied() {
     assert_eq!(v.reason, Reason::Oom);
     assert!(
         v.message
-            .contains("beyond the memory model's measured error band -29%/+3% (Megatron MoE jobs)"),
+            .contains("beyond the memory model's measured error band -29%/+5% (Megatron MoE jobs)"),
         "{}",
         v.message
     );

@@ -336,6 +336,18 @@ fn attention_terms(
         let v = ACT_BYTES * g * d;
         let proj_input = lin * a * d;
         t.add(Some(OffloadModule::QkvLinear), |x| x.seq += qkv_input);
+        if card.qk_norm {
+            // QK layernorm (Qwen3): Transformer Engine's RMSNorm saves its input made
+            // contiguous and one fp32 rstd per row (`pytorch/ops/basic/rmsnorm.py`,
+            // `save_for_backward(x, rstdevs)`): the query, copied by the reshape out of the
+            // fused QKV output, and the key view copied by `.contiguous()`, per head
+            // (Megatron-Core `attention.py` `get_query_key_value_tensors`). Both run inside
+            // the `qkv_linear` offload group; no selective recompute module covers them.
+            let qk_norm_inputs = (ACT_BYTES * d + FP32_BYTES) * (a + g);
+            t.add(Some(OffloadModule::QkvLinear), |x| {
+                x.tensor += qk_norm_inputs
+            });
+        }
         t.add(Some(OffloadModule::CoreAttn), |x| x.tensor += q + k + v);
         t.add(Some(OffloadModule::AttnProj), |x| x.tensor += proj_input);
     }

@@ -11,7 +11,12 @@
 //! - without the precision-aware optimizer the distributed optimizer keeps an FP32 master
 //!   shard and Adam's two FP32 moments (12 bytes), and with a BF16 gradient buffer casts the
 //!   gradient shard to FP32 for the update (`distrib_optimizer.py`,
-//!   `shard_main_param.grad = shard_model_grad.float()`);
+//!   `shard_main_param.grad = shard_model_grad.float()`). That copy lives from the optimizer
+//!   step to the next step's `optimizer.zero_grad()` (`training.py` `train_step`, before its
+//!   forward passes; `DistributedOptimizer.zero_grad` sets the shard gradients to None "as a
+//!   memory optimization"), so it never meets the activations: it is
+//!   [`StateBytes::step_grad_copy`], not part of the states the forward and backward passes
+//!   run beside;
 //! - with it (`--use-precision-aware-optimizer`) Transformer Engine's FusedAdam holds the master
 //!   weights in `--main-params-dtype` (FP32 master of BF16 weights stored as their 16-bit
 //!   remainders, `store_param_remainders`, TE >= 2.1) and the moments in `--exp-avg-dtype` /
@@ -72,6 +77,9 @@ pub struct StateBytes {
     pub grad: f64,
     /// The optimizer's states on the GPU, per parameter of its shard.
     pub optimizer: f64,
+    /// The FP32 gradient copy the optimizer makes of its shard for the update, per parameter
+    /// of the shard: live only from the optimizer step to the next step's `zero_grad`.
+    pub step_grad_copy: f64,
 }
 
 /// The gradient buffer is FP32: accumulation in FP32 (no `--grad-reduce-in-bf16`) and FP32
@@ -94,16 +102,19 @@ pub fn state_bytes(l: &Layout, fp8: bool) -> StateBytes {
         (true, false) => WEIGHT_BYTES + FP8_WEIGHT_COPY_BYTES,
         (false, _) => WEIGHT_BYTES,
     };
+    let (optimizer, step_grad_copy) = optimizer_bytes(l, fp32_grads);
     StateBytes {
         weight: WEIGHT_BYTES,
         linear_weight,
         grad,
-        optimizer: optimizer_bytes(l, fp32_grads),
+        optimizer,
+        step_grad_copy,
     }
 }
 
-/// The optimizer's GPU bytes per parameter of its shard (see the module documentation).
-fn optimizer_bytes(l: &Layout, fp32_grads: bool) -> f64 {
+/// The optimizer's GPU bytes per parameter of its shard (see the module documentation): the
+/// states it keeps, and the FP32 gradient copy of the step.
+fn optimizer_bytes(l: &Layout, fp32_grads: bool) -> (f64, f64) {
     let grad_copy = if fp32_grads {
         0.0
     } else {
@@ -114,16 +125,23 @@ fn optimizer_bytes(l: &Layout, fp32_grads: bool) -> f64 {
         return if l.precision_aware_optimizer {
             // HybridDeviceOptimizer over BF16 shards: FP32 copy + FP32 moments (and an FP32
             // gradient for the update) for the part left on the GPU.
-            on_gpu * (FP32_MASTER_BYTES + FP32_MOMENTS_BYTES + grad_copy)
+            (
+                on_gpu * (FP32_MASTER_BYTES + FP32_MOMENTS_BYTES),
+                on_gpu * grad_copy,
+            )
         } else {
             // Over MCore's FP32 master shards, which stay on the GPU.
-            FP32_MASTER_BYTES + on_gpu * FP32_MOMENTS_BYTES + grad_copy
+            (FP32_MASTER_BYTES + on_gpu * FP32_MOMENTS_BYTES, grad_copy)
         };
     }
     if l.precision_aware_optimizer {
-        master_bytes(l) + l.exp_avg_dtype.bytes() + l.exp_avg_sq_dtype.bytes()
+        // The BF16 gradient buffer is read in place (`decoupled_grad`): no copy.
+        (
+            master_bytes(l) + l.exp_avg_dtype.bytes() + l.exp_avg_sq_dtype.bytes(),
+            0.0,
+        )
     } else {
-        OPTIMIZER_STATE_BYTES + grad_copy
+        (OPTIMIZER_STATE_BYTES, grad_copy)
     }
 }
 

@@ -291,6 +291,8 @@ struct ModelState {
     weights: f64,
     gradients: f64,
     optimizer: f64,
+    /// The optimizer's FP32 gradient copy, live from its step to the next `zero_grad`.
+    step_grad_copy: f64,
 }
 
 impl Ctx<'_> {
@@ -314,17 +316,23 @@ impl Ctx<'_> {
         let params = self.stage_params(&t);
         let state = self.model_state(&params);
         let buffers = self.buffers(&t);
-        let tensors = state.weights + state.gradients + state.optimizer + activations + buffers;
+        // The optimizer step runs after the last backward, with the activations and the
+        // passes' buffers freed: its gradient copy raises the peak only where it is larger
+        // than they are (then by the difference, counted with the other bytes).
+        let step_excess = (state.step_grad_copy - activations - buffers).max(0.0);
+        let tensors =
+            state.weights + state.gradients + state.optimizer + activations + buffers + step_excess;
         let fragmentation = self.allocator_overhead * tensors;
         let reserved = tensors + fragmentation;
         // Outside PyTorch's allocator: in the total, not in the reserved bytes.
-        let other = buffers + fragmentation + self.communicators + self.dispatcher;
+        let other = buffers + step_excess + fragmentation + self.communicators + self.dispatcher;
         StageMemory {
             stage: rank,
             layers: t.layers,
             weights_bytes: state.weights,
             gradients_bytes: state.gradients,
             optimizer_bytes: state.optimizer,
+            step_grad_copy_bytes: state.step_grad_copy,
             activations_bytes: activations,
             other_bytes: other,
             // Summed in this order so that a total without the dispatcher plus its bytes is
@@ -529,10 +537,12 @@ impl Ctx<'_> {
         let b = &self.state;
         let weights_shard = p.dense / sh.dense_weight + p.expert / sh.expert_weight;
         let linear_shard = p.dense_linear / sh.dense_weight + p.expert_linear / sh.expert_weight;
+        let optimizer_shard = p.dense / sh.dense_opt + p.expert / sh.expert_opt;
         ModelState {
             weights: b.weight * (weights_shard - linear_shard) + b.linear_weight * linear_shard,
             gradients: b.grad * weights_shard,
-            optimizer: b.optimizer * (p.dense / sh.dense_opt + p.expert / sh.expert_opt),
+            optimizer: b.optimizer * optimizer_shard,
+            step_grad_copy: b.step_grad_copy * optimizer_shard,
         }
     }
 

@@ -15,7 +15,8 @@
 //! - `measuredPeakAllocatedGiB`, `measuredPeakReservedGiB`, `measuredPeakDeviceUsedGiB`,
 //!   `measuredAllocatedAfterStepGiB`: GiB (2^30 bytes) of `max_memory_allocated`,
 //!   `max_memory_reserved`, device-level used, and `memory_allocated` between iterations (the
-//!   model state: weights, gradients, optimizer states); the first given of reserved,
+//!   model state: weights, gradients, optimizer states, and the optimizer's FP32 gradient copy,
+//!   which lives until the next step's `zero_grad`); the first given of reserved,
 //!   allocated, device-used, after-step is the row's primary metric;
 //! - `peakStage`: `max` (the largest over pipeline stages, default), `first` or `last` (the
 //!   stage whose rank logged the number);
@@ -173,7 +174,9 @@ impl PeakMetric {
             PeakMetric::Allocated => st.allocated_bytes,
             PeakMetric::Reserved => st.reserved_bytes,
             PeakMetric::DeviceUsed => st.total_bytes + runtime_reserve,
-            PeakMetric::AfterStep => st.weights_bytes + st.gradients_bytes + st.optimizer_bytes,
+            PeakMetric::AfterStep => {
+                st.weights_bytes + st.gradients_bytes + st.optimizer_bytes + st.step_grad_copy_bytes
+            }
         }
     }
 }
