@@ -112,5 +112,15 @@ pub fn table(r: &MemoryReport) -> String {
         if r.fits { "fits" } else { "DOES NOT FIT" },
         gib(r.headroom_bytes),
     ));
+    if let Some(st) = r
+        .stages
+        .iter()
+        .find(|st| st.stage == r.bottleneck_stage && st.step_grad_copy_bytes > 0.0)
+    {
+        out.push_str(&format!(
+            "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) once the activations are freed: in the peak only by what exceeds them.\n",
+            gib(st.step_grad_copy_bytes),
+        ));
+    }
     out
 }

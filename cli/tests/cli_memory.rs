@@ -33,6 +33,48 @@ fn table_marks_the_bottleneck() {
 }
 
 #[test]
+fn the_optimizer_steps_gradient_copy_is_named_not_added_to_the_peak() {
+    // Llama 3.1 8B on 8 H100, TP1 PP1 DP8, BF16 gradients: the distributed optimizer's FP32
+    // copy of its gradient shard, 4 bytes x 8,030,261,248 / 8 = 3.74 GiB, exists for the step
+    // only; a 4096-token micro-batch's activations are larger, so the total leaves it out.
+    let plan = plan_file(
+        "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 8}\n  parallelism: {tp: 1, pp: 1, microBatchSize: 1, gradReduceInFp32: false}\n",
+    );
+    let run = |fmt: &str| {
+        let out = primus()
+            .args(["memory", "-f", plan.path().to_str().unwrap(), "-o", fmt])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    let text = run("table");
+    assert!(
+        text.contains("The optimizer step adds 3.74 GiB (an FP32 copy of the BF16 gradient shard)"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    let st = &v["memory"]["stages"][0];
+    let copy = st["stepGradCopyBytes"].as_f64().unwrap();
+    assert!((copy - 4.0 * 8_030_261_248.0 / 8.0).abs() < 1.0, "{copy}");
+    let parts = [
+        "weightsBytes",
+        "gradientsBytes",
+        "optimizerBytes",
+        "activationsBytes",
+        "otherBytes",
+    ]
+    .iter()
+    .map(|k| st[*k].as_f64().unwrap())
+    .sum::<f64>();
+    let total = st["totalBytes"].as_f64().unwrap();
+    assert!((parts - total).abs() < 1e-6 * total, "{parts} vs {total}");
+    assert!(st["activationsBytes"].as_f64().unwrap() > copy);
+}
+
+#[test]
 fn json_has_the_design_field_names() {
     let out = primus()
         .args([
