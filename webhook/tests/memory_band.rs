@@ -152,12 +152,26 @@ const NOT_JOBS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Runs that ran which the model once predicted over usable memory, admitted only by the error
+/// band: NVIDIA's Llama 3.1 8B CP2 FP8 recipe on 8 H100 (the example of a recipe a
+/// webhook would refuse), Llama 3.1 405B on 128 B200, and Qwen3-30B-A3B FP8 on 16 H100. All five
+/// run with BF16 gradients; they fit since the optimizer's FP32 copy of its gradient shard is
+/// counted at the optimizer step, where Megatron makes it, not beside the activations.
+const ONCE_OVER_USABLE: &[(&str, &str)] = &[
+    ("extra.csv", "XH13"),
+    ("extra.csv", "XN10"),
+    ("published.csv", "N9"),
+    ("moe-nongated.csv", "N5"),
+    ("moe-nongated.csv", "MB2509-qwen3-30b-a3b-h100-fp8cs"),
+];
+
 #[test]
 fn no_run_that_ran_is_denied() {
     let c = Catalog::builtin().unwrap();
     let mut judged = 0;
     let mut warned = Vec::new();
     let mut not_jobs = Vec::new();
+    let mut once_over = Vec::new();
     for (file, text) in [
         ("memory.csv", MEMORY),
         ("published.csv", PUBLISHED),
@@ -195,6 +209,16 @@ fn no_run_that_ran_is_denied() {
                 "{file} {} ran but is denied: {}",
                 r.id, v.message
             );
+            if ONCE_OVER_USABLE.contains(&(file, r.id.as_str())) {
+                assert_ne!(
+                    v.reason,
+                    Reason::WithinBand,
+                    "{file} {} ran but is predicted over usable again: {:?}",
+                    r.id,
+                    v.warnings
+                );
+                once_over.push(r.id.clone());
+            }
             if !v.warnings.is_empty() {
                 warned.push(format!("{file} {}", r.id));
             }
@@ -209,6 +233,7 @@ fn no_run_that_ran_is_denied() {
     // memory.csv: 57 Megatron-family rows that ran (47 + the 10 without a peak); the
     // throughput CSVs: 19 + 26 + 54 + the 120 of moe-nongated.csv the model projects.
     assert!(judged >= 270, "{judged} rows judged");
+    assert_eq!(once_over.len(), ONCE_OVER_USABLE.len(), "{once_over:?}");
     println!("{judged} runs judged, admitted with a warning: {warned:?}");
 }
 
