@@ -354,8 +354,7 @@ fn write_output(args: &Args, results: &BenchmarkResults) -> Result<(), CliError>
 pub fn run(args: &Args) -> Result<(), CliError> {
     if let Some(path) = &args.file {
         let c = catalog(&args.common)?;
-        let text =
-            primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
+        let text = super::read_input_file(path)?;
         let source = path.display().to_string();
         let plan = super::plan_from_text(&text, &source, &c)?;
         let doc = parse_yaml_value(&text, &source)?;

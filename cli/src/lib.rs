@@ -93,10 +93,15 @@ pub fn catalog(common: &Common) -> Result<Catalog, CliError> {
 /// ([`TrainingPlanSpec::validate`]; the CLI runs the `agent` searcher itself).
 pub fn plan(common: &Common, path: &Path) -> Result<(Catalog, Plan), CliError> {
     let c = catalog(common)?;
-    let text =
-        primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
+    let text = read_input_file(path)?;
     let p = plan_from_text(&text, &path.display().to_string(), &c)?;
     Ok((c, p))
+}
+
+/// The text of a document the CLI reads whole (a plan, a calibration report), bounded to
+/// [`primus_oracle::bounds::limits::DOCUMENT_BYTES`], its error naming the path.
+pub fn read_input_file(path: &Path) -> Result<String, PlanError> {
+    primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
 }
 
 /// A plan document (YAML or JSON text), checked by the shared validator.

@@ -32,8 +32,7 @@ pub fn load_calibration(
     s: &primus_oracle::scenario::Scenario,
 ) -> Result<CalibratedTimer, CliError> {
     let text =
-        primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)
-            .map_err(|e| CliError::Input(format!("--calibration: {e}")))?;
+        super::read_input_file(path).map_err(|e| CliError::Input(format!("--calibration: {e}")))?;
     let report = parse_report(&text, &path.display().to_string())
         .map_err(|e| CliError::Input(format!("--calibration: {e}")))?;
     CalibratedTimer::new(s, &report)

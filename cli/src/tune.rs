@@ -164,8 +164,7 @@ impl From<TuneError> for CliError {
 /// `spec.job` and whether the model came from a preset, read from the raw plan file (the
 /// resolved plan keeps neither).
 fn raw_job_settings(path: &std::path::Path) -> Result<(Value, bool), CliError> {
-    let text =
-        primus_oracle::bounds::read_input(path, primus_oracle::bounds::limits::DOCUMENT_BYTES)?;
+    let text = super::read_input_file(path)?;
     let doc = parse_yaml_value(&text, &path.display().to_string())?;
     let spec = doc.get("spec").cloned().unwrap_or(doc);
     let preset = spec

@@ -114,39 +114,22 @@ fn a_measurement_must_be_a_finite_figure_a_run_could_have_measured() {
         RowStatus::BadRow(m) => m.clone(),
         s => panic!("{id}: {s:?}"),
     };
-    assert!(
-        reason("NAN").contains("\"NaN\" is not a finite number"),
-        "{}",
-        reason("NAN")
+    let refused = |id: &str, why: &str| {
+        let m = reason(id);
+        assert!(m.contains(why), "{id}: {m}");
+    };
+    refused("NAN", "\"NaN\" is not a finite number");
+    refused("INF", "is not a finite number");
+    refused(
+        "HUGE",
+        "1e308 tokens/s is beyond any real run (at most 1e8)",
     );
-    assert!(
-        reason("INF").contains("is not a finite number"),
-        "{}",
-        reason("INF")
-    );
-    assert!(
-        reason("HUGE").contains("1e308 tokens/s is beyond any real run (at most 1e8)"),
-        "{}",
-        reason("HUGE")
-    );
-    assert!(reason("ZERO").contains("must be greater than 0"));
-    assert!(reason("NEG").contains("must be greater than 0"));
-    assert!(
-        reason("TF-INF").contains("measuredTflopsPerGpu"),
-        "{}",
-        reason("TF-INF")
-    );
-    assert!(
-        reason("TF-HUGE").contains("beyond any real run"),
-        "{}",
-        reason("TF-HUGE")
-    );
+    refused("ZERO", "must be greater than 0");
+    refused("NEG", "must be greater than 0");
+    refused("TF-INF", "measuredTflopsPerGpu");
+    refused("TF-HUGE", "beyond any real run");
     // 400 nines parse to infinity: no seconds per iteration, so no measurement at all.
-    assert!(
-        reason("SPI").contains("no measurement"),
-        "{}",
-        reason("SPI")
-    );
+    refused("SPI", "no measurement");
     // A bad TFLOP/s cell beside a good tokens/s one is only not shown.
     let ok = r.rows.iter().find(|x| x.id == "OK").expect("OK");
     assert_eq!(ok.status, RowStatus::Ok);
