@@ -228,7 +228,9 @@ pub struct Layout {
     #[cfg_attr(feature = "schema", schemars(extend("default" = 0.1)))]
     pub hidden_dropout: Fraction,
     /// Transformer Engine's precision-aware optimizer (`--use-precision-aware-optimizer`):
-    /// master weights and Adam moments in the dtypes below, gradients read in place.
+    /// master weights and Adam moments in the dtypes below, gradients read in place. Under an
+    /// FP8 recipe other than delayed with an FP32 master, Megatron keeps a full FP32 master
+    /// and casts a BF16 gradient shard to FP32 at the step.
     #[serde(default, skip_serializing_if = "is_false")]
     #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     pub precision_aware_optimizer: bool,

@@ -3,6 +3,7 @@
 //! layer-level activation offload, the allocator's overhead, the communicator buffers and the
 //! fused token dispatchers' buffers; and their legality rules.
 
+use primus_oracle::backend::Fp8Recipe;
 use primus_oracle::layout::{
     FlexBackend, Fraction, Layout, MoeOptions, OptimizerDtype, Recompute, TokenDispatcher,
 };
@@ -73,6 +74,62 @@ fn precision_aware_optimizer_bytes_per_parameter() {
         ..fp32
     };
     assert_eq!(state(&small).2, 4.0 * P / 8.0);
+}
+
+#[test]
+fn precision_aware_optimizer_under_current_scaling_fp8_keeps_mcores_fp32_master() {
+    // Megatron-Core optimizer_config.py: use_precision_aware_optimizer_no_fp8_or_ds_fp8 is
+    // false with an FP32 master under an FP8 recipe other than delayed scaling (no CPU
+    // offload). distrib_optimizer.py then keeps its own FP32 master shard
+    // (shard_model_param.clone().float(): 4 bytes, no remainders) and gives the optimizer
+    // param.grad = shard_model_grad.float(), an FP32 copy of a BF16 gradient shard made at the
+    // step. Primus' MI355X dtypes (BF16 grads and moments) in FP8: 4 + 2 + 2 = 8/d sharded and
+    // a 4/d step copy, where delayed scaling (TE holds the master as remainders) has 6/d and
+    // none.
+    let mut s = llama2_7b();
+    s.training.precision = Precision::Fp8;
+    let pao = |recipe: Fp8Recipe| Layout {
+        precision_aware_optimizer: true,
+        grad_reduce_in_fp32: false,
+        main_grads_dtype: OptimizerDtype::Bf16,
+        exp_avg_dtype: OptimizerDtype::Bf16,
+        exp_avg_sq_dtype: OptimizerDtype::Bf16,
+        fp8_recipe: Some(recipe),
+        ..Layout::default()
+    };
+    let stage = |l: &Layout| estimate(&s, l).stages[0].clone();
+    let delayed = stage(&pao(Fp8Recipe::Delayed));
+    assert_eq!(delayed.optimizer_bytes, 6.0 * P / 8.0);
+    assert_eq!(delayed.step_grad_copy_bytes, 0.0);
+    for recipe in [
+        Fp8Recipe::Tensorwise,
+        Fp8Recipe::Blockwise,
+        Fp8Recipe::Mxfp8,
+    ] {
+        let st = stage(&pao(recipe));
+        assert_eq!(st.optimizer_bytes, 8.0 * P / 8.0, "{recipe:?}");
+        assert_eq!(st.step_grad_copy_bytes, 4.0 * P / 8.0, "{recipe:?}");
+        // The gradient buffer stays BF16 and the weights are unchanged.
+        assert_eq!(st.gradients_bytes, delayed.gradients_bytes);
+        assert_eq!(st.weights_bytes, delayed.weights_bytes);
+    }
+    // An FP32 gradient buffer needs no cast: .float() of an FP32 tensor is the tensor itself.
+    let fp32_grads = Layout {
+        grad_reduce_in_fp32: true,
+        main_grads_dtype: OptimizerDtype::Fp32,
+        ..pao(Fp8Recipe::Tensorwise)
+    };
+    assert_eq!(stage(&fp32_grads).step_grad_copy_bytes, 0.0);
+    // A 16-bit master, BF16 training or CPU offload leave TE's FusedAdam in charge.
+    let bf16_master = Layout {
+        main_params_dtype: OptimizerDtype::Bf16,
+        ..pao(Fp8Recipe::Tensorwise)
+    };
+    assert_eq!(stage(&bf16_master).optimizer_bytes, 6.0 * P / 8.0);
+    assert_eq!(
+        estimate(&llama2_7b(), &pao(Fp8Recipe::Tensorwise)).stages[0].optimizer_bytes,
+        6.0 * P / 8.0
+    );
 }
 
 #[test]

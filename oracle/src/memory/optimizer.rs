@@ -20,7 +20,13 @@
 //! - with it (`--use-precision-aware-optimizer`) Transformer Engine's FusedAdam holds the master
 //!   weights in `--main-params-dtype` (FP32 master of BF16 weights stored as their 16-bit
 //!   remainders, `store_param_remainders`, TE >= 2.1) and the moments in `--exp-avg-dtype` /
-//!   `--exp-avg-sq-dtype`, and reads the gradient buffer in place (`decoupled_grad`): no copy;
+//!   `--exp-avg-sq-dtype`, and reads the gradient buffer in place (`decoupled_grad`): no copy.
+//!   Except under an FP8 recipe other than delayed scaling with an FP32 master and no CPU
+//!   offload (`optimizer_config.py`: `use_precision_aware_optimizer_no_fp8_or_ds_fp8` false):
+//!   then MCore keeps the FP32 master itself (`distrib_optimizer.py`,
+//!   `shard_model_param.clone().float()`, 4 bytes, no remainders) and hands the optimizer
+//!   `param.grad`, the FP32 cast of a BF16 gradient shard (`shard_model_grad.float()`): the
+//!   moments stay in their dtypes, the step makes the copy ([`te_holds_master`]);
 //! - optimizer CPU offload (`HybridDeviceOptimizer`, `cpu_offloading/hybrid_optimizer.py`): the
 //!   first `fraction` of the optimizer's parameters get a pinned CPU copy and their Adam states
 //!   live on the CPU. Without the precision-aware optimizer the optimizer's parameters are the
@@ -34,6 +40,7 @@
 //!   `--fp8-param-gather` the weight itself is the FP8 tensor (1 byte) with its transpose
 //!   (1 byte), and no BF16 weight remains.
 
+use crate::backend::Fp8Recipe;
 use crate::layout::{Layout, OptimizerDtype};
 
 /// BF16 model weight, bytes per parameter.
@@ -102,7 +109,7 @@ pub fn state_bytes(l: &Layout, fp8: bool) -> StateBytes {
         (true, false) => WEIGHT_BYTES + FP8_WEIGHT_COPY_BYTES,
         (false, _) => WEIGHT_BYTES,
     };
-    let (optimizer, step_grad_copy) = optimizer_bytes(l, fp32_grads);
+    let (optimizer, step_grad_copy) = optimizer_bytes(l, fp32_grads, fp8);
     StateBytes {
         weight: WEIGHT_BYTES,
         linear_weight,
@@ -112,9 +119,21 @@ pub fn state_bytes(l: &Layout, fp8: bool) -> StateBytes {
     }
 }
 
+/// Whether, with the precision-aware optimizer, Transformer Engine's FusedAdam holds the master
+/// weights and reads the gradient buffer in place: Megatron-Core's
+/// `use_precision_aware_optimizer_no_fp8_or_ds_fp8` (`optimizer_config.py`), true unless the
+/// master is FP32, the GEMMs run an FP8 recipe other than delayed scaling (whose casts TE's
+/// Adam kernel cannot do) and the optimizer is not offloaded. `fp8` when the job trains in FP8.
+pub fn te_holds_master(l: &Layout, fp8: bool) -> bool {
+    l.main_params_dtype != OptimizerDtype::Fp32
+        || !fp8
+        || l.fp8_recipe() == Fp8Recipe::Delayed
+        || l.optimizer_cpu_offload
+}
+
 /// The optimizer's GPU bytes per parameter of its shard (see the module documentation): the
 /// states it keeps, and the FP32 gradient copy of the step.
-fn optimizer_bytes(l: &Layout, fp32_grads: bool) -> (f64, f64) {
+fn optimizer_bytes(l: &Layout, fp32_grads: bool, fp8: bool) -> (f64, f64) {
     let grad_copy = if fp32_grads {
         0.0
     } else {
@@ -134,12 +153,13 @@ fn optimizer_bytes(l: &Layout, fp32_grads: bool) -> (f64, f64) {
             (FP32_MASTER_BYTES + on_gpu * FP32_MOMENTS_BYTES, grad_copy)
         };
     }
-    if l.precision_aware_optimizer {
+    let moments = l.exp_avg_dtype.bytes() + l.exp_avg_sq_dtype.bytes();
+    if l.precision_aware_optimizer && !te_holds_master(l, fp8) {
+        // MCore's FP32 master (a full copy, no remainders) and the cast gradient of the step.
+        (FP32_MASTER_BYTES + moments, grad_copy)
+    } else if l.precision_aware_optimizer {
         // The BF16 gradient buffer is read in place (`decoupled_grad`): no copy.
-        (
-            master_bytes(l) + l.exp_avg_dtype.bytes() + l.exp_avg_sq_dtype.bytes(),
-            0.0,
-        )
+        (master_bytes(l) + moments, 0.0)
     } else {
         (OPTIMIZER_STATE_BYTES, grad_copy)
     }
