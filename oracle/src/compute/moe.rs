@@ -9,7 +9,12 @@
 //!   whole MLP module per expert (slice, fc1, activation, fc2, bias, copy back:
 //!   [`SEQUENTIAL_EXPERT_LAUNCHES`] host launches per expert and linear); `TEGroupedMLP` issues
 //!   Transformer Engine's grouped linear (one GEMM per local expert on the device, from one
-//!   module call); the legacy `GroupedMLP` one CUTLASS grouped kernel per linear;
+//!   module call); the legacy `GroupedMLP` calls the grouped_gemm package's `gmm`, which
+//!   also issues one GEMM per local expert from C++ (cuBLAS, round-robin on `NUM_STREAM` 4
+//!   streams: fanshiqing/grouped_gemm `csrc/grouped_gemm.cu` `CublasGroupedGemm` and
+//!   `CublasGroupedGemmVariableK`, the CUTLASS grouped kernel only for an sm80 build's
+//!   untransposed forward, which the A100 profile does not distinguish; the ROCm port Primus'
+//!   images build, caaatch22/grouped_gemm branch `rocm`, the same loop on hipBLAS);
 //! - `permuteFusion`: Transformer Engine's fused permute/unpermute (`moe_utils.py:permute`)
 //!   instead of the index/gather/scatter chain: fewer kernels, one pass less;
 //! - `routerFusion`: the fused top-k and aux-loss kernels (`router.py`, TE
@@ -240,15 +245,14 @@ fn push_experts(
     let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, true);
     let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, true);
     // Launches per linear: the sequential loop runs a module per expert (framework calls);
-    // Transformer Engine's grouped linear is one call issuing one GEMM per expert from C++;
-    // the legacy grouped GEMM one kernel.
+    // Transformer Engine's grouped linear and the legacy grouped GEMM are one call issuing
+    // one GEMM per expert from C++.
     let (kernels, host_ops) = match d.moe.grouped_gemm {
         GroupedGemm::Sequential => (
             local * SEQUENTIAL_EXPERT_LAUNCHES,
             local * SEQUENTIAL_EXPERT_LAUNCHES,
         ),
-        GroupedGemm::Grouped => (local, 1.0),
-        GroupedGemm::Legacy => (1.0, 1.0),
+        GroupedGemm::Grouped | GroupedGemm::Legacy => (local, 1.0),
     };
     for op in [&mut fc1_op, &mut fc2_op] {
         op.kernels = kernels;

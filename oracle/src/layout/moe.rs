@@ -148,7 +148,8 @@ pub enum GroupedGemm {
     Sequential,
     /// `TEGroupedMLP`: Transformer Engine's grouped linear (`--moe-grouped-gemm`).
     Grouped,
-    /// The legacy `GroupedMLP` on the grouped_gemm (CUTLASS) package, one kernel per linear
+    /// The legacy `GroupedMLP` on the grouped_gemm package (`gmm`), which issues one cuBLAS
+    /// (hipBLAS on ROCm) GEMM per local expert from C++, round-robin on four streams
     /// (`--moe-grouped-gemm --moe-use-legacy-grouped-gemm`; Megatron-Core 0.14-0.17, Primus).
     Legacy,
 }
