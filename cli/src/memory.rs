@@ -122,5 +122,15 @@ pub fn table(r: &MemoryReport) -> String {
             gib(st.step_grad_copy_bytes),
         ));
     }
+    if let Some(st) = r
+        .stages
+        .iter()
+        .find(|st| st.stage == r.bottleneck_stage && st.side_stream_pool_bytes > 0.0)
+    {
+        out.push_str(&format!(
+            "Of the other bytes, {:.2} GiB stay reserved in the shared-expert overlap's side-stream pools (their backward buffers, which no other stream reuses).\n",
+            gib(st.side_stream_pool_bytes),
+        ));
+    }
     out
 }

@@ -75,6 +75,36 @@ fn the_optimizer_steps_gradient_copy_is_named_not_added_to_the_peak() {
 }
 
 #[test]
+fn the_shared_expert_side_stream_pools_are_named_and_in_the_other_bytes() {
+    // DeepSeek-V2-Lite on 8 MI355X, EP8, MBS 12, alltoall with shared-expert overlap on a
+    // Megatron-Core that gives each MoE layer its own stream (memory.csv MP-V6): 26 pools of
+    // 20,992 B x 49,152 tokens = 24.98 GiB, reserved, inside the other bytes.
+    let plan = plan_file(
+        "spec:\n  model: {preset: deepseek-v2-lite}\n  cluster: {gpu: mi355x, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 768}\n  parallelism:\n    ep: 8\n    microBatchSize: 12\n    moe: {tokenDispatcher: alltoall, groupedGemm: legacy, sharedExpertOverlap: true, sharedExpertStreamPerLayer: true}\n",
+    );
+    let run = |fmt: &str| {
+        let out = primus()
+            .args(["memory", "-f", plan.path().to_str().unwrap(), "-o", fmt])
+            .assert()
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        String::from_utf8(out).unwrap()
+    };
+    let text = run("table");
+    assert!(
+        text.contains("Of the other bytes, 24.98 GiB stay reserved in the shared-expert overlap's side-stream pools"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    let st = &v["memory"]["stages"][0];
+    let pools = st["sideStreamPoolBytes"].as_f64().unwrap();
+    assert!((pools - 26.0 * 20_992.0 * 49_152.0).abs() < 1.0, "{pools}");
+    assert!(st["otherBytes"].as_f64().unwrap() > pools);
+}
+
+#[test]
 fn json_has_the_design_field_names() {
     let out = primus()
         .args([

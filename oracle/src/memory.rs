@@ -123,6 +123,10 @@ pub struct StageMemory {
     pub buffers_bytes: f64,
     /// Of the other bytes: the caching allocator's overhead (reserved but not allocated).
     pub fragmentation_bytes: f64,
+    /// Of the other bytes: what the shared-expert overlap's side-stream pools keep reserved
+    /// beyond their tensors ([`allocator::shared_expert_stream_pool_bytes`]), in the reserved
+    /// bytes.
+    pub side_stream_pool_bytes: f64,
     /// Of the other bytes: NCCL/RCCL communicator buffers, outside PyTorch's allocator.
     pub communicator_bytes: f64,
     /// Of the other bytes: the fused token dispatcher's buffers (DeepEP, HybridEP), outside
@@ -131,7 +135,8 @@ pub struct StageMemory {
     /// Tensors PyTorch allocates at the peak (`max_memory_allocated`): weights, gradients,
     /// optimizer states, activations and buffers.
     pub allocated_bytes: f64,
-    /// Allocated plus the allocator's overhead (`max_memory_reserved`).
+    /// Allocated plus the allocator's overhead and the side-stream pools
+    /// (`max_memory_reserved`).
     pub reserved_bytes: f64,
 }
 
@@ -191,13 +196,14 @@ pub fn peak_bytes(s: &Scenario, l: &Layout) -> (f64, u32) {
 
 /// [`peak_bytes`] without the fused token dispatcher's buffers ([`dispatcher`]), which add the
 /// same bytes to every stage: `peak + dispatcher::dispatcher_bytes(s, l)` is [`peak_bytes`]'s
-/// peak exactly (floating-point addition is monotone, and a stage's total adds them last).
-/// The tuner's screen computes it once for the MoE choices of a structure.
+/// peak exactly (floating-point addition is monotone, and a stage's total adds them last)
+/// when the layout keeps no shared-expert side-stream pool, which is left out (the MoE
+/// choice can turn the overlap off): a lower bound then. The tuner's screen computes it once
+/// for the MoE choices of a structure and checks every layout it keeps exactly afterwards.
 pub fn peak_bytes_before_dispatcher(s: &Scenario, l: &Layout) -> (f64, u32) {
-    peak_of(
-        Ctx::with_dispatcher(s, l, &MemoryOptions::default(), 0.0),
-        l,
-    )
+    let mut ctx = Ctx::with_dispatcher(s, l, &MemoryOptions::default(), 0.0);
+    ctx.stream_pool = 0.0;
+    peak_of(ctx, l)
 }
 
 /// The memory of one pipeline stage (`stage` < pp) of [`estimate`], computed alone.

@@ -90,15 +90,16 @@ fn every_row_is_read_and_names_its_source_and_assumptions() {
 fn megatron_family_error_gate() {
     // The CI gate on the rows that ran, with a peak, needing no option the model lacks.
     // Neither of the targets (median <= 5%, max <= 12%) is met: the Primus MoE runs
-    // on MI355X with the alltoall dispatcher or on 32+ GPUs are under-predicted by 11-27%
-    // (MP-Q, MP-D1, MP-D2, MP-D4, MP-V1..V5), which no term of the model explains yet (their
-    // MBS, dispatcher and routing balance are partly assumed, see their notes), while the
-    // Primus-Turbo DeepEP rows MP-V7..V10 and the NVIDIA rows are within 1.3% and MP-Q30a is
-    // at +4.6% (its Transformer Engine loss counted at the unfused FP32 softmax). The
-    // median was 4.7% over 24 rows until Primus' recompute layer IDs were modelled: MP-D2 and
-    // MP-D4 joined the gate (-25% each, from -34% and -40% with the block-method stand-in),
-    // and the bimodal errors put the median between the two groups (9.3%). This gate holds
-    // the model where it is; tighten it as rows are explained.
+    // on MI355X with 32+ GPUs are under-predicted by 11-27% (MP-Q, MP-D1, MP-D2, MP-D4) and
+    // the single-node alltoall runs at small micro-batches by 11-23% (MP-V1..V4, a roughly
+    // constant 16-19 GiB of device-used memory), which no term of the model explains yet
+    // (their MBS, dispatcher and routing balance are partly assumed, see their notes), while
+    // the Primus-Turbo DeepEP rows MP-V7..V10, MP-V5/V6 and the NVIDIA rows are within 6% and
+    // MP-Q30a is at +4.6% (its Transformer Engine loss counted at the unfused FP32 softmax).
+    // The median was 9.3% until the shared-expert overlap's per-layer side-stream pools were
+    // modelled (stop 34: MP-V1..V6 -25.8..-8.2% -> -23.2..+1.2%), 4.7% over 24 rows before
+    // Primus' recompute layer IDs put MP-D2 and MP-D4 in the gate. This gate holds the model
+    // where it is; tighten it as rows are explained.
     let v = validate(MEMORY);
     let table: Vec<String> = v
         .rows
@@ -108,7 +109,7 @@ fn megatron_family_error_gate() {
         .collect();
     let m = v.aggregate(group::MEGATRON).unwrap();
     assert!(m.rows >= 26, "{table:?}");
-    assert!(m.median_abs_error.unwrap() <= 0.10, "{table:?}");
+    assert!(m.median_abs_error.unwrap() <= 0.06, "{table:?}");
     assert!(m.max_abs_error.unwrap() <= 0.28, "{table:?}");
     // The NVIDIA rows it gates (Megatron-Bridge's optimizer-offload sweep, model state after
     // the step) are within 1%: the offload fractions' 8 bytes per sharded parameter.

@@ -509,3 +509,82 @@ fn memory_option_rules_name_the_field() {
         .is_some()
     );
 }
+
+#[test]
+fn shared_expert_side_streams_keep_their_backward_buffers_reserved() {
+    // DeepSeek-V2-Lite on 8 MI355X, TP1 PP1 EP8, MBS 1, alltoall with shared-expert overlap
+    // (memory.csv MP-V1). Per token, one stream's pool keeps the shared experts' backward
+    // buffers: the gradients of fc1's output (2 x 2,816), of the activation's output (2,816)
+    // and of the input (2,048), at 2 bytes: 20,992 B, over the micro-batch's 4,096 tokens.
+    // Megatron-Core before 0.18 gives each of the 26 MoE layers its own stream; later ones
+    // share one; without the overlap there is none. Reserved only: allocated is unchanged.
+    let s = scenario("deepseek-v2-lite", "mi355x", 8, 4096, 64);
+    let mut base = Layout {
+        ep: 8,
+        ..Layout::default()
+    };
+    base.moe.token_dispatcher = TokenDispatcher::Alltoall;
+    base.moe.grouped_gemm = primus_oracle::layout::GroupedGemm::Legacy;
+    base.moe.force_load_balancing = true;
+    let mut shared = base.clone();
+    shared.moe.shared_expert_overlap = true;
+    let mut per_layer = shared.clone();
+    per_layer.moe.shared_expert_stream_per_layer = true;
+    let stage = |l: &Layout| {
+        l.check(&s).expect("legal");
+        estimate(&s, l).stages[0].clone()
+    };
+    let one = 20_992.0 * 4096.0;
+    let (none, shared, per_layer) = (stage(&base), stage(&shared), stage(&per_layer));
+    assert_eq!(none.side_stream_pool_bytes, 0.0);
+    assert_eq!(shared.side_stream_pool_bytes, one);
+    assert_eq!(per_layer.side_stream_pool_bytes, 26.0 * one);
+    for st in [&shared, &per_layer] {
+        assert_eq!(st.allocated_bytes, none.allocated_bytes);
+        assert_eq!(
+            st.reserved_bytes - st.side_stream_pool_bytes,
+            none.reserved_bytes
+        );
+        assert_eq!(st.total_bytes - st.side_stream_pool_bytes, none.total_bytes);
+    }
+    // 2.08 GiB per unit of MBS with per-layer streams: 25.0 GiB at MBS 12 (MP-V6), where the
+    // run without the overlap measured 24.6 GiB less (MP-V7).
+    let s12 = scenario("deepseek-v2-lite", "mi355x", 8, 4096, 768);
+    let mbs12 = Layout {
+        micro_batch_size: 12,
+        ..per_layer_layout(&base)
+    };
+    mbs12.check(&s12).expect("legal");
+    let gib = estimate(&s12, &mbs12).stages[0].side_stream_pool_bytes / (1u64 << 30) as f64;
+    assert!((gib - 25.0).abs() < 0.05, "{gib}");
+    // Per-layer streams need the overlap.
+    let mut orphan = base.clone();
+    orphan.moe.shared_expert_stream_per_layer = true;
+    let e = orphan
+        .check(&s)
+        .expect_err("per-layer streams without the overlap");
+    assert_eq!(
+        (e.rule, e.field.as_str()),
+        (
+            "shared-streams-need-overlap",
+            "spec.parallelism.moe.sharedExpertStreamPerLayer"
+        )
+    );
+    // The tuner's screen leaves the pools out (the MoE choice can drop the overlap): a lower
+    // bound of the peak, exact without them.
+    let (screen, _) = primus_oracle::memory::peak_bytes_before_dispatcher(&s12, &mbs12);
+    let (peak, _) = primus_oracle::memory::peak_bytes(&s12, &mbs12);
+    assert!(
+        (peak - screen - 26.0 * 12.0 * one).abs() < 1.0,
+        "{peak} {screen}"
+    );
+    let (screen, _) = primus_oracle::memory::peak_bytes_before_dispatcher(&s, &base);
+    assert_eq!(screen, primus_oracle::memory::peak_bytes(&s, &base).0);
+}
+
+fn per_layer_layout(base: &Layout) -> Layout {
+    let mut l = base.clone();
+    l.moe.shared_expert_overlap = true;
+    l.moe.shared_expert_stream_per_layer = true;
+    l
+}

@@ -292,6 +292,14 @@ pub struct MoeOptions {
     /// (`--moe-shared-expert-overlap`); alltoall or flex only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shared_expert_overlap: bool,
+    /// With sharedExpertOverlap: the image's Megatron-Core gives every MoE layer its own side
+    /// stream, as releases before 0.18 do (`shared_experts.py`: `self.stream =
+    /// torch.cuda.Stream()` per layer; one shared stream since PR #3752, core_v0.18.0), e.g.
+    /// rocm/megatron-lm v25.10 and Primus' 2025 images. Each stream's caching-allocator pool
+    /// then keeps its layer's shared-expert backward buffers. Not a Megatron flag: the
+    /// webhook cannot read it from a job and assumes a current Megatron-Core.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shared_expert_stream_per_layer: bool,
     /// Overlap the EP dispatch/combine of one micro-batch with the computation of another
     /// (`--overlap-moe-expert-parallel-comm`, Megatron's combined 1F1B schedule).
     #[serde(default, skip_serializing_if = "is_false")]
@@ -381,6 +389,7 @@ impl MoeOptions {
         if d == Dispatch::PrimusTurboDeepep {
             self.router_dtype = Some(RouterDtype::Fp32);
             self.shared_expert_overlap = false;
+            self.shared_expert_stream_per_layer = false;
         }
     }
 
@@ -410,6 +419,7 @@ impl MoeOptions {
             (self.permute_fusion, "pf"),
             (self.fused_grouped_mlp, "fused-mlp"),
             (self.shared_expert_overlap, "seo"),
+            (self.shared_expert_stream_per_layer, "seo-streams"),
             (self.ep_overlap, "a2a-ovl"),
             (self.delay_wgrad, "dwg"),
             (self.force_load_balancing, "forced"),

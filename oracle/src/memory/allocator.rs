@@ -52,6 +52,45 @@ pub const COMMUNICATOR_BYTES: f64 =
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Side streams whose caching-allocator pools Megatron's shared-expert overlap
+/// (`--moe-shared-expert-overlap`) keeps on a stage with `moe_layers` MoE layers: one per MoE
+/// layer where the image's Megatron-Core creates a stream per layer
+/// (`moe.sharedExpertStreamPerLayer`: `shared_experts.py` before PR #3752), else the one
+/// stream every layer shares; none without the overlap or shared experts.
+pub fn shared_expert_streams(s: &Scenario, l: &Layout, moe_layers: u32) -> u32 {
+    if !l.moe.shared_expert_overlap || s.model.shared_expert_ffn() == 0 || moe_layers == 0 {
+        0
+    } else if l.moe.shared_expert_stream_per_layer {
+        moe_layers
+    } else {
+        1
+    }
+}
+
+/// Bytes one shared-expert side stream's pool keeps reserved beyond the activations it holds:
+/// the shared experts' backward buffers of one micro-batch (the gradients of fc1's output, of
+/// the activation's output and of the input, `(w1 + f + h)` values per token at 2 bytes, with
+/// w1 = 2f for a gated activation), held by that stream's pool after its backward. PyTorch
+/// runs each backward op on its forward op's stream (CUDA semantics notes, "Stream semantics
+/// of backward passes") and its caching allocator reuses a freed block only for the stream it
+/// was allocated on (c10 `CUDACachingAllocator` `get_free_block`), so no other stream's
+/// tensors fill it. The shared experts see the whole (sequence-gathered) micro-batch; their
+/// widths are split over TP. Memory.csv MP-V1..V6 (DeepSeek-V2-Lite, 26 MoE layers with
+/// their own streams, alltoall with the overlap): 26 x 20,992 B x 4,096 tokens = 2.08 GiB per
+/// unit of MBS, 25.0 GiB at MBS 12, where dropping the overlap (MP-V6 -> V7, with Primus-Turbo
+/// DeepEP) measured 24.6 GiB less.
+pub fn shared_expert_stream_pool_bytes(s: &Scenario, l: &Layout) -> f64 {
+    let card = &s.model;
+    let f = card.shared_expert_ffn();
+    if f == 0 {
+        return 0.0;
+    }
+    let tp = l.tp.max(1) as f64;
+    let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
+    let per_token = card.mlp_fc1_width(f) as f64 / tp + f as f64 / tp + card.hidden_size as f64;
+    tokens * per_token * crate::units::ACT_BYTES
+}
+
 /// Process groups of more than one rank that a training step of `l` communicates in, each
 /// with its own communicator: tensor, context, data x context (gradients, parameter
 /// all-gather), pipeline, and for MoE models expert and expert-data parallel.

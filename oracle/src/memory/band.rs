@@ -42,8 +42,9 @@ pub const MEGATRON_MOE_OVER: f64 = 0.05;
 /// Under-prediction bound of Megatron-family MoE jobs: of the runs that ran out of memory,
 /// MP-D6 (DeepSeek-V3 FP8 on 512 MI355X, 8 recomputed layer IDs) is predicted at 222.6 GiB of
 /// 286.6 usable, an under-prediction of at least 28.8%; of the gated rows, MP-D1 (DeepSeek-V3
-/// FP8 on 256 MI355X, reserved peak) -27.4%. The Primus MoE runs on MI355X are all
-/// under-predicted (-13% to -27%).
+/// FP8 on 256 MI355X, reserved peak) -27.4%. The Primus MoE runs on 32+ MI355X are all
+/// under-predicted (-12% to -27%); on one node the alltoall runs at small micro-batches too
+/// (MP-V1..V4, -11% to -23%).
 pub const MEGATRON_MOE_UNDER: f64 = 0.29;
 
 /// The kinds of job the band is measured for.

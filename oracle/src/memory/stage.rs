@@ -92,6 +92,9 @@ pub(super) struct Ctx<'a> {
     dropout: Dropout,
     moe_dispatch: f64,
     allocator_overhead: f64,
+    /// Reserved bytes per shared-expert side stream ([`allocator::shared_expert_stream_pool_bytes`];
+    /// 0 leaves the side-stream pools out, the tuner screen's lower bound).
+    pub(super) stream_pool: f64,
     communicators: f64,
     dispatcher: f64,
 }
@@ -230,6 +233,7 @@ impl<'a> Ctx<'a> {
             dropout: Dropout::of(l),
             moe_dispatch,
             allocator_overhead: allocator::overhead_fraction(&s.hardware, l),
+            stream_pool: allocator::shared_expert_stream_pool_bytes(s, l),
             communicators: allocator::communicator_bytes(s, l),
             dispatcher,
         }
@@ -237,6 +241,12 @@ impl<'a> Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Whether an MTP module's layer is an MoE layer (the kind of the card's last layer).
+    fn mtp_is_moe(&self) -> bool {
+        let card = &self.s.model;
+        card.layer_kind(card.layers.saturating_sub(1)) == LayerKind::Moe
+    }
+
     /// Bytes copied to the host per layer and micro-batch ([`super::HostCopyBytes`]).
     pub(super) fn host_copies(&self) -> super::HostCopyBytes {
         let offload = self.l.activation_offload_layers > 0;
@@ -323,9 +333,18 @@ impl Ctx<'_> {
         let tensors =
             state.weights + state.gradients + state.optimizer + activations + buffers + step_excess;
         let fragmentation = self.allocator_overhead * tensors;
-        let reserved = tensors + fragmentation;
+        // The shared-expert side streams' pools, reserved beside the allocator's overhead.
+        let moe_layers = t.moe_count + if self.mtp_is_moe() { t.mtp } else { 0 };
+        let side_streams =
+            allocator::shared_expert_streams(self.s, l, moe_layers) as f64 * self.stream_pool;
+        let reserved = tensors + fragmentation + side_streams;
         // Outside PyTorch's allocator: in the total, not in the reserved bytes.
-        let other = buffers + step_excess + fragmentation + self.communicators + self.dispatcher;
+        let other = buffers
+            + step_excess
+            + fragmentation
+            + side_streams
+            + self.communicators
+            + self.dispatcher;
         StageMemory {
             stage: rank,
             layers: t.layers,
@@ -346,6 +365,7 @@ impl Ctx<'_> {
             logits_bytes: t.logits,
             buffers_bytes: buffers,
             fragmentation_bytes: fragmentation,
+            side_stream_pool_bytes: side_streams,
             communicator_bytes: self.communicators,
             dispatcher_bytes: self.dispatcher,
             allocated_bytes: tensors,

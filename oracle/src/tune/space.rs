@@ -114,6 +114,7 @@ impl MoeChoice {
         l.moe.delay_wgrad = self.ep_overlap;
         if self.ep_overlap {
             l.moe.shared_expert_overlap = false;
+            l.moe.shared_expert_stream_per_layer = false;
         }
     }
 }

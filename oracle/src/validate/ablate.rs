@@ -97,6 +97,7 @@ impl Ablation {
             Ablation::RouterFusion if m.router_fusion => m.router_fusion = false,
             Ablation::SharedExpertOverlap if m.shared_expert_overlap => {
                 m.shared_expert_overlap = false;
+                m.shared_expert_stream_per_layer = false;
             }
             Ablation::EpOverlap if m.ep_overlap => {
                 m.ep_overlap = false;

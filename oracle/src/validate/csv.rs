@@ -88,6 +88,7 @@ pub const MOE_COLUMNS: &[&str] = &[
     "routerFusion",
     "fusedGroupedMlp",
     "sharedExpertOverlap",
+    "sharedExpertStreamPerLayer",
     "epOverlap",
     "delayWgrad",
     "loadBalancing",

@@ -184,6 +184,13 @@ impl Layout {
                 );
             }
         }
+        if m.shared_expert_stream_per_layer && !m.shared_expert_overlap {
+            return broken(
+                "shared-streams-need-overlap",
+                "moe.sharedExpertStreamPerLayer",
+                || "per-layer shared-expert streams exist only with sharedExpertOverlap",
+            );
+        }
         if m.shared_expert_overlap && m.token_dispatcher == TokenDispatcher::Allgather {
             return broken(
                 "shared-overlap-needs-a2a",
