@@ -60,7 +60,7 @@ pub fn run(args: &Args) -> Result<(), CliError> {
     }
 }
 
-/// The verdict with the error band: `Error band -29%/+5% (Megatron MoE jobs): the real peak of
+/// The verdict with the error band: `Error band -24%/+5% (Megatron MoE jobs): the real peak of
 /// this prediction lies in 64.91..89.73 GiB; verdict: fits (...)`.
 pub fn verdict_line(r: &MemoryReport, band: &Band, verdict: Verdict) -> String {
     format!(

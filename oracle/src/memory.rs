@@ -273,10 +273,7 @@ pub fn layer_activation_bytes(
         &s.model,
         kind,
         keep,
-        ExpertSide {
-            etp: l.etp,
-            load: crate::compute::expert_memory_load(s, l),
-        },
+        ExpertSide::of(l, crate::compute::expert_memory_load(s, l)),
         s.training.precision,
         opts,
         Dropout::of(l),

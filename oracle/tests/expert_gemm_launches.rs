@@ -102,3 +102,53 @@ fn the_legacy_grouped_gemm_costs_the_library_launches_of_its_loop() {
     assert!((legacy.forward - grouped.forward).abs() < 1e-12);
     assert!((legacy.backward - grouped.backward).abs() < 1e-12);
 }
+
+#[test]
+fn the_legacy_grouped_gemm_runs_its_experts_in_bf16_under_fp8() {
+    // grouped_gemm's gmm takes BF16 operands only (`csrc/grouped_gemm.cu`: TORCH_CHECK
+    // kBFloat16), so under FP8 training Megatron's legacy GroupedMLP keeps BF16 expert GEMMs,
+    // BF16 weights without FP8 copies, BF16 saved inputs and no FP8 row padding, where
+    // Transformer Engine's grouped linear runs them in FP8.
+    let fp8 = |gg: GroupedGemm| {
+        let (mut s, l) = dsv2_lite(gg);
+        s.training.precision = Precision::Fp8;
+        let mut l = l;
+        l.micro_batch_size = 1;
+        (s, l)
+    };
+    for (gg, expect) in [(GroupedGemm::Grouped, true), (GroupedGemm::Legacy, false)] {
+        let (s, l) = fp8(gg);
+        let d = Dims::of(&s, &l);
+        for name in ["experts_fc1", "experts_fc2"] {
+            let op = *layer_ops(&s.model, &d, MOE)
+                .iter()
+                .find(|o| o.name == name)
+                .unwrap();
+            assert_eq!(op.fp8, expect, "{gg:?} {name}");
+        }
+        assert_eq!(d.moe.fp8_align == 0.0, !expect, "{gg:?}");
+    }
+    let stage = |gg| {
+        let (s, l) = fp8(gg);
+        primus_oracle::memory::estimate(&s, &l).stages[0].clone()
+    };
+    let (grouped, legacy) = (stage(GroupedGemm::Grouped), stage(GroupedGemm::Legacy));
+    // Weights: 2 bytes less per expert GEMM parameter (the FP8 copy and its transpose).
+    // DeepSeek-V2-Lite: 26 MoE layers x 8 local experts x 3 x 2,048 x 1,408.
+    let expert_params = 26.0 * 8.0 * 3.0 * 2048.0 * 1408.0;
+    assert!(
+        (grouped.weights_bytes - legacy.weights_bytes - 2.0 * expert_params).abs() < 1.0,
+        "{} {}",
+        grouped.weights_bytes,
+        legacy.weights_bytes
+    );
+    // Activations: one byte more per element of each routed copy's fc1 input (h) and fc2
+    // input (f): 6 copies x (2,048 + 1,408) x 4,096 tokens x 26 layers.
+    let extra = 6.0 * (2048.0 + 1408.0) * 4096.0 * 26.0;
+    assert!(
+        (legacy.activations_bytes - grouped.activations_bytes - extra).abs() < 1.0,
+        "{} {}",
+        legacy.activations_bytes,
+        grouped.activations_bytes
+    );
+}

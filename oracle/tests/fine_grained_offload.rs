@@ -39,7 +39,11 @@ fn terms(
         &s.model,
         kind,
         keep,
-        ExpertSide { etp: 1, load: 1.0 },
+        ExpertSide {
+            etp: 1,
+            load: 1.0,
+            fp8_gemms: true,
+        },
         Precision::Bf16,
         &MemoryOptions::default(),
         Dropout::NONE,

@@ -90,7 +90,7 @@ fn every_row_is_read_and_names_its_source_and_assumptions() {
 fn megatron_family_error_gate() {
     // The CI gate on the rows that ran, with a peak, needing no option the model lacks.
     // Neither of the targets (median <= 5%, max <= 12%) is met: the Primus MoE runs
-    // on MI355X with 32+ GPUs are under-predicted by 11-27% (MP-Q, MP-D1, MP-D2, MP-D4) and
+    // on MI355X with 32+ GPUs are under-predicted by 12-22% (MP-Q, MP-D1, MP-D2, MP-D4) and
     // the single-node alltoall runs at small micro-batches by 11-23% (MP-V1..V4, a roughly
     // constant 16-19 GiB of device-used memory), which no term of the model explains yet
     // (their MBS, dispatcher and routing balance are partly assumed, see their notes), while
@@ -98,8 +98,10 @@ fn megatron_family_error_gate() {
     // MP-Q30a is at +4.6% (its Transformer Engine loss counted at the unfused FP32 softmax).
     // The median was 9.3% until the shared-expert overlap's per-layer side-stream pools were
     // modelled (stop 34: MP-V1..V6 -25.8..-8.2% -> -23.2..+1.2%), 4.7% over 24 rows before
-    // Primus' recompute layer IDs put MP-D2 and MP-D4 in the gate. This gate holds the model
-    // where it is; tighten it as rows are explained.
+    // Primus' recompute layer IDs put MP-D2 and MP-D4 in the gate. The max was 27.4% (MP-D1)
+    // until their legacy grouped GEMM's experts ran in BF16 (stop 34: MP-D1/D2/D4
+    // -27.4/-24.8/-24.7% -> -21.5/-17.5/-15.7%). This gate holds the model where it is;
+    // tighten it as rows are explained.
     let v = validate(MEMORY);
     let table: Vec<String> = v
         .rows
@@ -110,7 +112,7 @@ fn megatron_family_error_gate() {
     let m = v.aggregate(group::MEGATRON).unwrap();
     assert!(m.rows >= 26, "{table:?}");
     assert!(m.median_abs_error.unwrap() <= 0.06, "{table:?}");
-    assert!(m.max_abs_error.unwrap() <= 0.28, "{table:?}");
+    assert!(m.max_abs_error.unwrap() <= 0.24, "{table:?}");
     // The NVIDIA rows it gates (Megatron-Bridge's optimizer-offload sweep, model state after
     // the step) are within 1%: the offload fractions' 8 bytes per sharded parameter.
     let nvidia = v.aggregate(group::MEGATRON_NVIDIA).unwrap();
@@ -219,11 +221,11 @@ fn every_run_that_ran_lies_within_the_over_band() {
 fn verdicts_agree_with_what_happened() {
     // No run that ran would be denied. The runs that ran out of memory the model does not
     // predict over usable are Primus MoE runs on MI355X, where it under-predicts every
-    // measured peak by 13-27%: MP-Q6 (Qwen3-235B, VPP2 on 32 GPUs: 244 of 287 GiB, at
-    // risk), MP-D5 (DeepSeek-V3 on 256 GPUs with 8 recomputed layer IDs: 231 GiB, at risk) and
-    // MP-D6 (the same on 512 GPUs: 223 GiB, at risk since the band's under-prediction bound
-    // counts it: 286.6 / 222.6 - 1 = 28.8%, so 29%). MP-D5 and MP-D6 were judged on a
-    // block-method stand-in (171-180 GiB) until the layer IDs were modelled.
+    // measured peak of 32+ GPUs by 12-22%: MP-Q6 (Qwen3-235B, VPP2 on 32 GPUs: 253 of 287 GiB,
+    // at risk), MP-D5 (DeepSeek-V3 on 256 GPUs with 8 recomputed layer IDs: 257 GiB, at risk)
+    // and MP-D6 (the same on 512 GPUs: 248 GiB, at risk). MP-D5 and MP-D6 were judged on a
+    // block-method stand-in (171-180 GiB) until the layer IDs were modelled, and at 231 and
+    // 223 GiB until stop 34 ran their legacy grouped GEMM's experts in BF16.
     for (name, text) in [
         ("memory", MEMORY),
         ("published", PUBLISHED),

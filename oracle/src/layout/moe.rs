@@ -149,8 +149,9 @@ pub enum GroupedGemm {
     /// `TEGroupedMLP`: Transformer Engine's grouped linear (`--moe-grouped-gemm`).
     Grouped,
     /// The legacy `GroupedMLP` on the grouped_gemm package (`gmm`), which issues one cuBLAS
-    /// (hipBLAS on ROCm) GEMM per local expert from C++, round-robin on four streams
-    /// (`--moe-grouped-gemm --moe-use-legacy-grouped-gemm`; Megatron-Core 0.14-0.17, Primus).
+    /// (hipBLAS on ROCm) GEMM per local expert from C++, round-robin on four streams, in BF16
+    /// only, also under FP8 training (`--moe-grouped-gemm --moe-use-legacy-grouped-gemm`;
+    /// Megatron-Core 0.14-0.17, Primus).
     Legacy,
 }
 

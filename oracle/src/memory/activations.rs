@@ -223,6 +223,21 @@ fn expert_copies(card: &ModelCard, load: f64) -> f64 {
 pub struct ExpertSide {
     pub etp: u32,
     pub load: f64,
+    /// The experts' GEMMs run in FP8 under FP8 training: false for the legacy grouped GEMM
+    /// (grouped_gemm's `gmm` takes BF16 operands only, so Megatron's legacy `GroupedMLP`
+    /// keeps BF16 inputs for its weight gradients).
+    pub fp8_gemms: bool,
+}
+
+impl ExpertSide {
+    /// The expert side of layout `l` with routing `load`.
+    pub fn of(l: &crate::layout::Layout, load: f64) -> ExpertSide {
+        ExpertSide {
+            etp: l.etp,
+            load,
+            fp8_gemms: l.moe.grouped_gemm != crate::layout::GroupedGemm::Legacy,
+        }
+    }
 }
 
 /// Per-token bytes one decoder layer keeps (see [`ActivationTerms`]), its expert side shaped
@@ -449,6 +464,8 @@ fn moe_terms(
     // (`core/transformer/moe/experts.py`, weighted SwiGLU), so the combine after fc2
     // keeps no expert output.
     let copies = expert_copies(card, experts.load);
+    // The legacy grouped GEMM runs in BF16 whatever the training precision.
+    let lin = if experts.fp8_gemms { lin } else { ACT_BYTES };
     let (act_in, act_out) = mlp_act(card, m.moe_ffn_hidden_size, lin);
     // act_out = lin*f per copy, the fc2 input (`moe_act` drops it; Megatron then saves
     // fc2's original input, so nothing remains under FP8 either).

@@ -6,7 +6,7 @@
 //! on the stack, so [`super::peak_bytes`] allocates nothing.
 
 use crate::compute;
-use crate::layout::{Layout, Recompute, Schedule};
+use crate::layout::{GroupedGemm, Layout, Recompute, Schedule};
 use crate::model::LayerKind;
 use crate::precision::Precision;
 use crate::scenario::Scenario;
@@ -115,10 +115,7 @@ impl LayerActivations {
         let keep = Keep::of(l);
         let bytes = |t: ActivationTerms| t.bytes(tokens, keys, tp, tp_sp);
         let dropout = Dropout::of(l);
-        let experts = ExpertSide {
-            etp: l.etp,
-            load: expert_load,
-        };
+        let experts = ExpertSide::of(l, expert_load);
         let layer = |kind, keep| {
             bytes(layer_terms(
                 card, kind, keep, experts, precision, opts, dropout,
@@ -220,7 +217,12 @@ impl<'a> Ctx<'a> {
                 moe_expert: moe.experts_per_gpu(l.ep, l.etp),
                 dense_linear: dense.non_expert_linear_per_gpu(l.tp),
                 moe_dense_linear: moe.non_expert_linear_per_gpu(l.tp),
-                moe_expert_linear: moe.expert_linear_per_gpu(l.ep, l.etp),
+                // The legacy grouped GEMM's BF16 expert weights have no FP8 forms.
+                moe_expert_linear: if l.moe.grouped_gemm == GroupedGemm::Legacy {
+                    0.0
+                } else {
+                    moe.expert_linear_per_gpu(l.ep, l.etp)
+                },
             },
             act: LayerActivations::of(s, l, opts, tokens, tp, tp_sp, expert_load),
             shards: Shards {
