@@ -112,25 +112,21 @@ pub fn table(r: &MemoryReport) -> String {
         if r.fits { "fits" } else { "DOES NOT FIT" },
         gib(r.headroom_bytes),
     ));
-    if let Some(st) = r
-        .stages
-        .iter()
-        .find(|st| st.stage == r.bottleneck_stage && st.step_grad_copy_bytes > 0.0)
-    {
-        out.push_str(&format!(
-            "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) once the activations are freed: in the peak only by what exceeds them.\n",
-            gib(st.step_grad_copy_bytes),
-        ));
-    }
-    if let Some(st) = r
-        .stages
-        .iter()
-        .find(|st| st.stage == r.bottleneck_stage && st.side_stream_pool_bytes > 0.0)
-    {
-        out.push_str(&format!(
-            "Of the other bytes, {:.2} GiB stay reserved in the shared-expert overlap's side-stream pools (their backward buffers, which no other stream reuses).\n",
-            gib(st.side_stream_pool_bytes),
-        ));
+    // What the bottleneck stage's parts leave unsaid: the step's gradient copy and the
+    // side-stream pools, each named where it is there.
+    if let Some(st) = r.stages.iter().find(|st| st.stage == r.bottleneck_stage) {
+        if st.step_grad_copy_bytes > 0.0 {
+            out.push_str(&format!(
+                "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) once the activations are freed: in the peak only by what exceeds them.\n",
+                gib(st.step_grad_copy_bytes),
+            ));
+        }
+        if st.side_stream_pool_bytes > 0.0 {
+            out.push_str(&format!(
+                "Of the other bytes, {:.2} GiB stay reserved in the shared-expert overlap's side-stream pools (their backward buffers, which no other stream reuses).\n",
+                gib(st.side_stream_pool_bytes),
+            ));
+        }
     }
     out
 }

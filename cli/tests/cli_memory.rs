@@ -32,6 +32,18 @@ fn table_marks_the_bottleneck() {
     assert!(text.contains("Capacity 80.00 GiB"), "{text}");
 }
 
+/// `primus memory -f PLAN -o FMT`'s standard output, which must succeed.
+fn memory_output(plan: &std::path::Path, fmt: &str) -> String {
+    let out = primus()
+        .args(["memory", "-f", plan.to_str().unwrap(), "-o", fmt])
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    String::from_utf8(out).unwrap()
+}
+
 #[test]
 fn the_optimizer_steps_gradient_copy_is_named_not_added_to_the_peak() {
     // Llama 3.1 8B on 8 H100, TP1 PP1 DP8, BF16 gradients: the distributed optimizer's FP32
@@ -40,16 +52,7 @@ fn the_optimizer_steps_gradient_copy_is_named_not_added_to_the_peak() {
     let plan = plan_file(
         "spec:\n  model: {preset: llama3.1-8b}\n  cluster: {gpu: h100-sxm, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 8}\n  parallelism: {tp: 1, pp: 1, microBatchSize: 1, gradReduceInFp32: false}\n",
     );
-    let run = |fmt: &str| {
-        let out = primus()
-            .args(["memory", "-f", plan.path().to_str().unwrap(), "-o", fmt])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        String::from_utf8(out).unwrap()
-    };
+    let run = |fmt: &str| memory_output(plan.path(), fmt);
     let text = run("table");
     assert!(
         text.contains("The optimizer step adds 3.74 GiB (an FP32 copy of the BF16 gradient shard)"),
@@ -82,16 +85,7 @@ fn the_shared_expert_side_stream_pools_are_named_and_in_the_other_bytes() {
     let plan = plan_file(
         "spec:\n  model: {preset: deepseek-v2-lite}\n  cluster: {gpu: mi355x, gpus: 8}\n  training: {seqLength: 4096, globalBatchSize: 768}\n  parallelism:\n    ep: 8\n    microBatchSize: 12\n    moe: {tokenDispatcher: alltoall, groupedGemm: legacy, sharedExpertOverlap: true, sharedExpertStreamPerLayer: true}\n",
     );
-    let run = |fmt: &str| {
-        let out = primus()
-            .args(["memory", "-f", plan.path().to_str().unwrap(), "-o", fmt])
-            .assert()
-            .success()
-            .get_output()
-            .stdout
-            .clone();
-        String::from_utf8(out).unwrap()
-    };
+    let run = |fmt: &str| memory_output(plan.path(), fmt);
     let text = run("table");
     assert!(
         text.contains("Of the other bytes, 24.98 GiB stay reserved in the shared-expert overlap's side-stream pools"),

@@ -454,6 +454,11 @@ impl ModelCard {
         }
     }
 
+    /// Kind of an MTP module's layer: the kind of the last decoder layer.
+    pub fn mtp_layer_kind(&self) -> LayerKind {
+        self.layer_kind(self.layers.saturating_sub(1))
+    }
+
     /// Dense layers among the decoder layers (all of them for a dense model).
     pub fn dense_layer_count(&self) -> u32 {
         self.layers - self.moe_layers()

@@ -92,9 +92,7 @@ impl MoeExec {
             router_bytes: m.router_dtype.map_or(ACT_BYTES, |d| d.bytes()),
             // The legacy grouped GEMM runs BF16 experts: no FP8 padding.
             fp8_align: match s.training.precision {
-                Precision::Fp8 if m.grouped_gemm != GroupedGemm::Legacy => {
-                    l.fp8_recipe().expert_align()
-                }
+                Precision::Fp8 if m.grouped_gemm.runs_fp8() => l.fp8_recipe().expert_align(),
                 _ => 0.0,
             },
         }
@@ -245,10 +243,8 @@ fn push_experts(
     let h = card.hidden_size as f64;
     let fe = moe.moe_ffn_hidden_size as f64;
     let fc1 = card.mlp_fc1_width(moe.moe_ffn_hidden_size) as f64 / d.etp;
-    // grouped_gemm's `gmm` (the legacy grouped GEMM) takes BF16 operands only
-    // (`csrc/grouped_gemm.cu`: TORCH_CHECK kBFloat16): its experts run in BF16 under FP8
-    // training too; Transformer Engine's linears run FP8.
-    let fp8 = d.moe.grouped_gemm != GroupedGemm::Legacy;
+    // The legacy grouped GEMM runs its experts in BF16 under FP8 training too.
+    let fp8 = d.moe.grouped_gemm.runs_fp8();
     let mut fc1_op = Op::gemm("experts_fc1", tokens_per_expert, fc1, h, local, fp8);
     let mut fc2_op = Op::gemm("experts_fc2", tokens_per_expert, h, fe / d.etp, local, fp8);
     // Launches per linear: the sequential loop runs a module per expert (framework calls);

@@ -173,6 +173,14 @@ impl GroupedGemm {
     pub fn parse(v: &str) -> Option<GroupedGemm> {
         GroupedGemm::ALL.into_iter().find(|d| d.as_str() == v)
     }
+
+    /// Whether the experts' GEMMs run in FP8 under FP8 training: not on the legacy grouped
+    /// GEMM, whose grouped_gemm `gmm` takes BF16 operands only (`csrc/grouped_gemm.cu`:
+    /// TORCH_CHECK kBFloat16), so its experts keep BF16 GEMMs, BF16 weights without FP8 forms,
+    /// BF16 saved inputs and no FP8 row padding.
+    pub fn runs_fp8(self) -> bool {
+        self != GroupedGemm::Legacy
+    }
 }
 
 /// Megatron's `--moe-router-load-balancing-type`.

@@ -223,9 +223,7 @@ fn expert_copies(card: &ModelCard, load: f64) -> f64 {
 pub struct ExpertSide {
     pub etp: u32,
     pub load: f64,
-    /// The experts' GEMMs run in FP8 under FP8 training: false for the legacy grouped GEMM
-    /// (grouped_gemm's `gmm` takes BF16 operands only, so Megatron's legacy `GroupedMLP`
-    /// keeps BF16 inputs for its weight gradients).
+    /// The experts' GEMMs run in FP8 under FP8 training ([`crate::layout::GroupedGemm::runs_fp8`]).
     pub fp8_gemms: bool,
 }
 
@@ -235,7 +233,7 @@ impl ExpertSide {
         ExpertSide {
             etp: l.etp,
             load,
-            fp8_gemms: l.moe.grouped_gemm != crate::layout::GroupedGemm::Legacy,
+            fp8_gemms: l.moe.grouped_gemm.runs_fp8(),
         }
     }
 }

@@ -74,19 +74,18 @@ pub fn shared_expert_streams(s: &Scenario, l: &Layout, moe_layers: u32) -> u32 {
 /// runs each backward op on its forward op's stream (CUDA semantics notes, "Stream semantics
 /// of backward passes") and its caching allocator reuses a freed block only for the stream it
 /// was allocated on (c10 `CUDACachingAllocator` `get_free_block`), so no other stream's
-/// tensors fill it. The shared experts see the whole (sequence-gathered) micro-batch; their
-/// widths are split over TP. Memory.csv MP-V1..V6 (DeepSeek-V2-Lite, 26 MoE layers with
+/// tensors fill it. The shared experts see the whole (sequence-gathered) micro-batch, `tokens`
+/// per CP rank; their widths are split over TP. Memory.csv MP-V1..V6 (DeepSeek-V2-Lite, 26 MoE layers with
 /// their own streams, alltoall with the overlap): 26 x 20,992 B x 4,096 tokens = 2.08 GiB per
 /// unit of MBS, 25.0 GiB at MBS 12, where dropping the overlap (MP-V6 -> V7, with Primus-Turbo
 /// DeepEP) measured 24.6 GiB less.
-pub fn shared_expert_stream_pool_bytes(s: &Scenario, l: &Layout) -> f64 {
+pub fn shared_expert_stream_pool_bytes(s: &Scenario, l: &Layout, tokens: f64) -> f64 {
     let card = &s.model;
     let f = card.shared_expert_ffn();
     if f == 0 {
         return 0.0;
     }
     let tp = l.tp.max(1) as f64;
-    let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
     let per_token = card.mlp_fc1_width(f) as f64 / tp + f as f64 / tp + card.hidden_size as f64;
     tokens * per_token * crate::units::ACT_BYTES
 }

@@ -6,7 +6,7 @@
 //! on the stack, so [`super::peak_bytes`] allocates nothing.
 
 use crate::compute;
-use crate::layout::{GroupedGemm, Layout, Recompute, Schedule};
+use crate::layout::{Layout, Recompute, Schedule};
 use crate::model::LayerKind;
 use crate::precision::Precision;
 use crate::scenario::Scenario;
@@ -217,11 +217,11 @@ impl<'a> Ctx<'a> {
                 moe_expert: moe.experts_per_gpu(l.ep, l.etp),
                 dense_linear: dense.non_expert_linear_per_gpu(l.tp),
                 moe_dense_linear: moe.non_expert_linear_per_gpu(l.tp),
-                // The legacy grouped GEMM's BF16 expert weights have no FP8 forms.
-                moe_expert_linear: if l.moe.grouped_gemm == GroupedGemm::Legacy {
-                    0.0
-                } else {
+                // BF16 experts (the legacy grouped GEMM) keep no FP8 forms of their weights.
+                moe_expert_linear: if l.moe.grouped_gemm.runs_fp8() {
                     moe.expert_linear_per_gpu(l.ep, l.etp)
+                } else {
+                    0.0
                 },
             },
             act: LayerActivations::of(s, l, opts, tokens, tp, tp_sp, expert_load),
@@ -235,7 +235,7 @@ impl<'a> Ctx<'a> {
             dropout: Dropout::of(l),
             moe_dispatch,
             allocator_overhead: allocator::overhead_fraction(&s.hardware, l),
-            stream_pool: allocator::shared_expert_stream_pool_bytes(s, l),
+            stream_pool: allocator::shared_expert_stream_pool_bytes(s, l, tokens),
             communicators: allocator::communicator_bytes(s, l),
             dispatcher,
         }
@@ -243,12 +243,6 @@ impl<'a> Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Whether an MTP module's layer is an MoE layer (the kind of the card's last layer).
-    fn mtp_is_moe(&self) -> bool {
-        let card = &self.s.model;
-        card.layer_kind(card.layers.saturating_sub(1)) == LayerKind::Moe
-    }
-
     /// Bytes copied to the host per layer and micro-batch ([`super::HostCopyBytes`]).
     pub(super) fn host_copies(&self) -> super::HostCopyBytes {
         let offload = self.l.activation_offload_layers > 0;
@@ -336,7 +330,8 @@ impl Ctx<'_> {
             state.weights + state.gradients + state.optimizer + activations + buffers + step_excess;
         let fragmentation = self.allocator_overhead * tensors;
         // The shared-expert side streams' pools, reserved beside the allocator's overhead.
-        let moe_layers = t.moe_count + if self.mtp_is_moe() { t.mtp } else { 0 };
+        let mtp_moe = self.s.model.mtp_layer_kind() == LayerKind::Moe;
+        let moe_layers = t.moe_count + if mtp_moe { t.mtp } else { 0 };
         let side_streams =
             allocator::shared_expert_streams(self.s, l, moe_layers) as f64 * self.stream_pool;
         let reserved = tensors + fragmentation + side_streams;
@@ -462,7 +457,7 @@ impl Ctx<'_> {
             // Each MTP module: a layer of the last layer's kind, plus the inputs of its two
             // norms (2h each), of eh_proj (4h), of its final norm and the output layer (2h
             // each), all sequence-split.
-            let layer = match card.layer_kind(card.layers.saturating_sub(1)) {
+            let layer = match card.mtp_layer_kind() {
                 LayerKind::Moe => act.moe,
                 LayerKind::Dense => act.dense,
             };
@@ -526,7 +521,7 @@ impl Ctx<'_> {
         let mtp = t.mtp;
         if mtp > 0 {
             // MTP module: the layer, eh_proj (2h x h, column-parallel) and three norms.
-            let moe_last = card.layer_kind(card.layers.saturating_sub(1)) == LayerKind::Moe;
+            let moe_last = card.mtp_layer_kind() == LayerKind::Moe;
             let (layer_dense, layer_expert, layer_linear, layer_expert_linear) = if moe_last {
                 (
                     p.moe_dense,

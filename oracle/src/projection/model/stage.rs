@@ -344,7 +344,7 @@ fn add_mtp(
     let card = &st.s.model;
     let h = card.hidden_size as f64;
     let extra = &edges.mtp_extra;
-    let last = card.layer_kind(card.layers.saturating_sub(1));
+    let last = card.mtp_layer_kind();
     let k = kinds.get(
         st,
         LayerShape {
