@@ -34,6 +34,41 @@ pub const FP8_CAST_BYTES: f64 = 4.0;
 /// Flash-attention backward FLOPs per forward FLOP: five matrix products (recomputed QK^T,
 /// dV, dP, dQ, dK) against two in the forward pass (Dao 2023, FlashAttention-2, section 3.1).
 pub const ATTENTION_BWD_FLOPS: f64 = 2.5;
+/// The head dimension the hardware profiles' attention efficiencies are stated for
+/// (`efficiency.attention`, `attentionBackward`: flash attention at head dim 128).
+pub const ATTENTION_PROFILE_HEAD_DIM: f64 = 128.0;
+/// Flash attention at a smaller head dimension, measured: cuDNN's BF16 attention on H100 at
+/// sequence 4K (FlashAttention-3 paper, Shah et al. 2024, arXiv 2407.08608, the forward and
+/// backward speed figures per head dimension): forward 408 TFLOP/s at head dim 64 against
+/// 609 at 128, backward 417 against 499. [`attention_head_dim_factor`] turns them into a law.
+pub const ATTENTION_D64_TFLOPS_FWD: f64 = 408.0;
+pub const ATTENTION_D128_TFLOPS_FWD: f64 = 609.0;
+pub const ATTENTION_D64_TFLOPS_BWD: f64 = 417.0;
+pub const ATTENTION_D128_TFLOPS_BWD: f64 = 499.0;
+
+/// Attention efficiency at head dimension `d` relative to the profile's head dim 128. Per
+/// scored (query, key) pair a flash-attention kernel does 4d matrix FLOPs (QK^T and PV; the
+/// backward 2.5 times as many) and a fixed amount of softmax work (max, exponential, sum,
+/// rescale) that does not shrink with d; with that work worth `c` head-dimension units, the
+/// time per pair goes as d + c and the FLOP efficiency as d / (d + c). `c` follows from the
+/// measured ratio at head dim 64 ([`ATTENTION_D64_TFLOPS_FWD`] and the rest): r = 64 (128 + c)
+/// / (128 (64 + c)), so c = 8192 (1 - r) / (128 r - 64): about 124 forward, 31 backward (the
+/// backward's five matrix products outweigh its softmax work). At 128 and above the profile's
+/// figures hold (factor 1: larger heads measure no faster there, cuDNN 581 TFLOP/s at 256);
+/// an unknown head dimension (0) also keeps them.
+pub fn attention_head_dim_factor(d: f64, pass: Pass) -> f64 {
+    if d <= 0.0 || d >= ATTENTION_PROFILE_HEAD_DIM {
+        return 1.0;
+    }
+    let r = match pass {
+        Pass::Forward => ATTENTION_D64_TFLOPS_FWD / ATTENTION_D128_TFLOPS_FWD,
+        Pass::Dgrad | Pass::Wgrad => ATTENTION_D64_TFLOPS_BWD / ATTENTION_D128_TFLOPS_BWD,
+    };
+    let (base, measured) = (ATTENTION_PROFILE_HEAD_DIM, ATTENTION_PROFILE_HEAD_DIM / 2.0);
+    let c = base * measured * (1.0 - r) / (base * r - measured);
+    d * (base + c) / (base * (d + c))
+}
+
 /// HBM traffic of an element-wise op's backward pass per forward byte (read the saved input
 /// and the incoming gradient, write the outgoing gradient).
 pub const MEMORY_BWD_BYTES: f64 = 2.0;
@@ -149,7 +184,8 @@ pub struct Op {
     /// Short name, e.g. `qkv`, `attention`, `fc1`, `experts_fc2`.
     pub name: &'static str,
     pub class: OpClass,
-    /// GEMM rows (tokens), output features and reduction depth of one instance.
+    /// GEMM rows (tokens), output features and reduction depth of one instance; an attention
+    /// core's tokens in `m` and its head dimension in `k`.
     pub m: f64,
     pub n: f64,
     pub k: f64,
@@ -397,6 +433,8 @@ impl OpTimer for AnalyticTimer {
                     Pass::Dgrad => (e.attention_backward(), 2.0 * op.bytes),
                     Pass::Wgrad => return 0.0,
                 };
+                // `k` holds the head dimension (the mean of query/key and value).
+                let eff = eff * attention_head_dim_factor(op.k, pass);
                 // The causal share at the profile's (causal) efficiency, the unmasked share
                 // at `attentionUnmaskedGain` times it.
                 let u = op.unmasked.clamp(0.0, 1.0);

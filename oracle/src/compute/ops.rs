@@ -169,7 +169,9 @@ fn attention_ops(card: &ModelCard, d: &Dims, shape: LayerShape, ops: &mut OpList
         class: OpClass::Attention,
         m: tok,
         n: 0.0,
-        k: 0.0,
+        // The head dimension, for the attention efficiency's head-dimension law
+        // (`compute::attention_head_dim_factor`).
+        k: (dqk + dv) / 2.0,
         groups: 1.0,
         flops: att_flops,
         bytes: att_bytes,
