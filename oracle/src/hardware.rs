@@ -130,8 +130,9 @@ pub struct Efficiency {
     pub scale_out_collective: Option<f64>,
     /// Fixed per-kernel launch/sync overhead, microseconds.
     pub kernel_overhead_us: f64,
-    /// Host-device synchronisation of one MoE layer pass (the dropless token dispatcher copies
-    /// the tokens-per-expert counts to the host before its all-to-all), microseconds.
+    /// One host-device synchronisation in a MoE layer pass (the dropless token dispatcher copies
+    /// the tokens-per-expert counts to the host before its all-to-all; the unfused permutation
+    /// adds its own), microseconds, charged per synchronisation.
     #[serde(default)]
     pub moe_host_sync_us: f64,
     /// Host (CPU) time to issue one kernel from the framework: Python, PyTorch dispatch,

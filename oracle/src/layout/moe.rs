@@ -80,6 +80,17 @@ impl TokenDispatcher {
     }
 }
 
+/// Host synchronisations of Megatron-Core's unfused dropless token permutation per MoE layer
+/// forward (`moe_utils.py:permute`: `masked_select` of the token indices and of the
+/// probabilities).
+pub const UNFUSED_PERMUTE_SYNCS: u32 = 2;
+/// Host synchronisations of the DeepEP managers' unfused index-to-multihot conversion per MoE
+/// layer forward (`indices[mask]`, `repeat_interleave`'s output size and its non-negative
+/// check, `probs[mask]`), and in the backward (the `probs[mask]` gradient's boolean
+/// `index_put_`).
+pub const UNFUSED_MULTIHOT_SYNCS: u32 = 4;
+pub const UNFUSED_MULTIHOT_BACKWARD_SYNCS: u32 = 1;
+
 /// A dispatcher as one choice (what the tuner searches and `spec.tuning` names): the
 /// dispatcher, with the flex backend for the flex ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -412,6 +423,33 @@ impl MoeOptions {
             return false;
         }
         !(self.backend() == Some(FlexBackend::Hybridep) && self.rank_capacity_factor.is_some())
+    }
+
+    /// Device-to-host synchronisations of one MoE layer per micro-batch, forward and backward.
+    /// The dispatcher's own (the token counts' copy; DeepEP's host busy-wait on the receive
+    /// counter) whenever [`MoeOptions::host_sync`], and the ones the unfused token
+    /// permutation adds (dropless): Megatron-Core's `moe_utils.py:permute` without
+    /// `--moe-permute-fusion` selects the token indices and the probabilities with two
+    /// `masked_select` calls, each a `nonzero` whose output size the host must read; the
+    /// DeepEP managers' unfused `_indices_to_multihot` (`token_dispatcher.py`; Primus-Turbo's
+    /// `indices_converter.py` alike) add four more (`indices[mask]`, `repeat_interleave`'s two
+    /// size checks, `probs[mask]`) and one in the backward (the boolean-index gradient's
+    /// `index_put_`). The fused kernels take their sizes from the host's counts; HybridEP
+    /// permutes inside its dispatch kernels.
+    pub fn host_syncs(&self) -> (u32, u32) {
+        if !self.host_sync() {
+            return (0, 0);
+        }
+        let unfused = !self.permute_fusion;
+        match self.dispatch() {
+            Dispatch::Hybridep => (1, 0),
+            Dispatch::Allgather | Dispatch::Alltoall if unfused => (1 + UNFUSED_PERMUTE_SYNCS, 0),
+            Dispatch::Deepep | Dispatch::PrimusTurboDeepep if unfused => (
+                1 + UNFUSED_PERMUTE_SYNCS + UNFUSED_MULTIHOT_SYNCS,
+                UNFUSED_MULTIHOT_BACKWARD_SYNCS,
+            ),
+            _ => (1, 0),
+        }
     }
 
     /// The options in a compact label, e.g. `alltoall grouped permute-fusion ep-overlap

@@ -26,7 +26,9 @@
 //!   `delayWgrad`, the experts' weight gradients too).
 //!
 //! Host time: after the dispatcher's device-to-host copy of the per-expert token counts
-//! (`moeHostSyncUs`), the GPU waits for the host to issue the rest of the layer; a section
+//! (`moeHostSyncUs`, once per synchronisation: the unfused permutation and DeepEP's unfused
+//! multihot conversion add theirs, [`crate::layout::MoeOptions::host_syncs`], each idling the
+//! GPU for at least one launch), the GPU waits for the host to issue the rest of the layer; a section
 //! lasts at least its framework calls x `cpuLaunchUs` plus its library-launched kernels x
 //! `libraryLaunchUs` (a captured CUDA-graph scope: one `graphLaunchUs`). The EP overlap does
 //! not remove it: the sync of one micro-batch drains the queue of the other. Static shapes (drop-and-pad capacity, HybridEP with a per-rank capacity)
@@ -260,11 +262,21 @@ fn host_time(cc: &CommContext, t: &OpTimes, comm: &FwdBwd, ctx: &TimerContext) -
         bwd.1 += gb;
     }
     // With the EP overlap the host still waits at every sync, with the other micro-batch's
-    // kernels queued before the copy: the same exposure.
-    let backward = (bwd.0 - bwd.1 - comm.backward).max(0.0);
-    let forward = if l.moe.host_sync() {
-        e.moe_host_sync_us * MICROSECOND
-            + (post.0 - post.1 - comm.forward).max(0.0)
+    // kernels queued before the copy: the same exposure. Each synchronisation beyond the
+    // dispatcher's first drains the queue again and leaves the GPU idle for at least the next
+    // launch (the first one's is in the section's deficit, which the launch costs are fitted
+    // with): `extra` launches, unless the section is host-bound anyway.
+    let sync = e.moe_host_sync_us * MICROSECOND;
+    let (syncs_f, syncs_b) = l.moe.host_syncs();
+    let backward = if syncs_b > 0 {
+        syncs_b as f64 * sync + (bwd.0 - bwd.1 - comm.backward).max(syncs_b as f64 * launch)
+    } else {
+        (bwd.0 - bwd.1 - comm.backward).max(0.0)
+    };
+    let forward = if syncs_f > 0 {
+        let extra = (syncs_f - 1) as f64;
+        syncs_f as f64 * sync
+            + (post.0 - post.1 - comm.forward).max(extra * launch)
             + (pre.0 - pre.1).max(0.0)
     } else {
         (pre.0 + post.0 - pre.1 - post.1 - comm.forward).max(0.0)

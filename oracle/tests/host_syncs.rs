@@ -1,0 +1,120 @@
+//! Host synchronisations per MoE layer by execution path (issue 16): the dispatcher's own
+//! (the token counts' copy, DeepEP's busy-wait on its receive counter), two `masked_select`
+//! calls in Megatron-Core's unfused dropless permutation (`moe_utils.py:permute`), four in the
+//! DeepEP managers' unfused index-to-multihot conversion (`token_dispatcher.py`
+//! `_indices_to_multihot`: `indices[mask]`, `repeat_interleave`'s output size and its check,
+//! `probs[mask]`) and one in its backward; none with static shapes. Each beyond the first
+//! costs `moeHostSyncUs` and leaves the GPU idle for at least one `cpuLaunchUs` launch.
+
+mod common;
+
+use primus_oracle::backend::FlexBackend;
+use primus_oracle::layout::{
+    CrossEntropyFusion, Factor, GroupedGemm, Layout, MoeOptions, RouterDtype, TokenDispatcher,
+};
+use primus_oracle::precision::Precision;
+use primus_oracle::projection::project;
+
+fn moe(dispatcher: TokenDispatcher, backend: Option<FlexBackend>, pf: bool) -> MoeOptions {
+    MoeOptions {
+        token_dispatcher: dispatcher,
+        flex_backend: backend,
+        permute_fusion: pf,
+        ..MoeOptions::default()
+    }
+}
+
+#[test]
+fn syncs_per_path() {
+    use TokenDispatcher::*;
+    let deepep = Some(FlexBackend::Deepep);
+    let turbo = Some(FlexBackend::PrimusTurboDeepep);
+    let hybrid = Some(FlexBackend::Hybridep);
+    // Fused permutation: the dispatcher's one.
+    for (d, b) in [
+        (Alltoall, None),
+        (Allgather, None),
+        (Flex, deepep),
+        (Flex, turbo),
+        (Flex, hybrid),
+    ] {
+        assert_eq!(moe(d, b, true).host_syncs(), (1, 0), "{d:?} {b:?}");
+    }
+    // Unfused: + 2 masked_select; DeepEP's multihot + 4 forward, + 1 backward.
+    assert_eq!(moe(Alltoall, None, false).host_syncs(), (3, 0));
+    assert_eq!(moe(Allgather, None, false).host_syncs(), (3, 0));
+    assert_eq!(moe(Flex, deepep, false).host_syncs(), (7, 1));
+    assert_eq!(moe(Flex, turbo, false).host_syncs(), (7, 1));
+    // HybridEP permutes inside its kernels.
+    assert_eq!(moe(Flex, hybrid, false).host_syncs(), (1, 0));
+    // Static shapes: no sync at all.
+    let padded = MoeOptions {
+        capacity_factor: Some(Factor(1.0)),
+        pad_to_capacity: true,
+        ..moe(Alltoall, None, false)
+    };
+    assert_eq!(padded.host_syncs(), (0, 0));
+    let capped = MoeOptions {
+        rank_capacity_factor: Some(Factor(1.5)),
+        ..moe(Flex, hybrid, false)
+    };
+    assert_eq!(capped.host_syncs(), (0, 0));
+}
+
+/// DeepSeek-V2-Lite on 8 MI355X, EP8, MBS 12, global batch 768 (8 micro-batches per rank):
+/// the Primus MoE-package blog's DeepEP step (`moe-nongated.csv` XV7, XV8).
+fn dsv2_lite(pf: bool) -> (primus_oracle::scenario::Scenario, Layout) {
+    let s = common::scenario(
+        "deepseek-v2-lite",
+        "mi355x",
+        8,
+        Some(8),
+        4096,
+        768,
+        Precision::Bf16,
+    );
+    let l = Layout {
+        ep: 8,
+        micro_batch_size: 12,
+        cross_entropy_fusion: CrossEntropyFusion::Te,
+        moe: MoeOptions {
+            grouped_gemm: GroupedGemm::Legacy,
+            force_load_balancing: true,
+            router_fusion: pf,
+            router_dtype: Some(RouterDtype::Fp32),
+            ..moe(
+                TokenDispatcher::Flex,
+                Some(FlexBackend::PrimusTurboDeepep),
+                pf,
+            )
+        },
+        ..Layout::default()
+    };
+    (s, l)
+}
+
+#[test]
+fn a_gpu_bound_layer_pays_each_sync_and_one_launch_per_extra_sync() {
+    // At MBS 12 every section of the layer is GPU-bound, so the host term is the syncs alone:
+    // 26 MoE layers x 8 micro-batches per step. Fused (sync-free stage 1): one 20 us sync per
+    // forward. Unfused: 7 forward syncs (20 us each) with 6 extra launches (50 us each), one
+    // backward sync with its launch: 140 + 300 + 20 + 50 = 510 us per layer and micro-batch.
+    let (s, fused) = dsv2_lite(true);
+    let e = &s.hardware.efficiency;
+    assert_eq!((e.moe_host_sync_us, e.cpu_launch_us), (20.0, 50.0));
+    let per = 26.0 * 8.0 * 1e-6;
+    let p = project(&s, &fused).unwrap();
+    assert!(
+        (p.breakdown.host - per * 20.0).abs() < 1e-9,
+        "{}",
+        p.breakdown.host
+    );
+    let (s, unfused) = dsv2_lite(false);
+    let p = project(&s, &unfused).unwrap();
+    assert!(
+        (p.breakdown.host - per * 510.0).abs() < 1e-9,
+        "{} vs {}",
+        p.breakdown.host,
+        per * 510.0
+    );
+}
