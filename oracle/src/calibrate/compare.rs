@@ -72,6 +72,9 @@ fn op_from_fields(
             let mut op = Op::memory("measured", bytes / backward_bytes(pass), 1.0);
             op.class = OpClass::Attention;
             op.flops = flops / per;
+            // The measured shape's query/key head dimension, as the card's op carries it
+            // (the analytic time's head-dimension law, `compute::attention_head_dim_factor`).
+            op.k = dim(2);
             op
         }
         OpClass::Memory => Op::memory("measured", bytes / backward_bytes(pass), 1.0),
