@@ -3,8 +3,10 @@
 //! calls in Megatron-Core's unfused dropless permutation (`moe_utils.py:permute`), four in the
 //! DeepEP managers' unfused index-to-multihot conversion (`token_dispatcher.py`
 //! `_indices_to_multihot`: `indices[mask]`, `repeat_interleave`'s output size and its check,
-//! `probs[mask]`) and one in its backward; none with static shapes. Each beyond the first
-//! costs `moeHostSyncUs` and leaves the GPU idle for at least one `cpuLaunchUs` launch.
+//! `probs[mask]`) and one in its backward; none with static shapes; and one per forward of a
+//! card with the clamped quick-GeGLU (gpt-oss: `weighted_bias_quick_geglu_impl` copies its
+//! linear offset to the device with a blocking copy per call). Each beyond the first costs
+//! `moeHostSyncUs` and leaves the GPU idle for at least one `cpuLaunchUs` launch.
 
 mod common;
 
@@ -116,5 +118,43 @@ fn a_gpu_bound_layer_pays_each_sync_and_one_launch_per_extra_sync() {
         "{} vs {}",
         p.breakdown.host,
         per * 510.0
+    );
+}
+
+#[test]
+fn the_clamped_quick_geglu_syncs_once_per_moe_layer_forward() {
+    // gpt-oss-120b (clamped quick-GeGLU: Megatron-Core's weighted_bias_quick_geglu_impl makes
+    // its linear offset a device tensor per call, a blocking copy) on 8 H100, EP8, MBS 4,
+    // global batch 64 (2 micro-batches per rank), fused permutation: every section is
+    // GPU-bound, so the host term is the dispatcher's sync and the activation's, with one
+    // launch for the second: 36 MoE layers x 2 micro-batches x (2 x 20 + 100) us.
+    let s = common::scenario(
+        "gpt-oss-120b",
+        "h100-sxm",
+        8,
+        Some(8),
+        4096,
+        64,
+        Precision::Bf16,
+    );
+    let e = &s.hardware.efficiency;
+    assert_eq!((e.moe_host_sync_us, e.cpu_launch_us), (20.0, 100.0));
+    let l = Layout {
+        ep: 8,
+        micro_batch_size: 4,
+        moe: MoeOptions {
+            grouped_gemm: GroupedGemm::Grouped,
+            force_load_balancing: true,
+            ..moe(TokenDispatcher::Alltoall, None, true)
+        },
+        ..Layout::default()
+    };
+    assert_eq!(l.moe.host_syncs(), (1, 0), "the path alone");
+    let p = project(&s, &l).unwrap();
+    let want = 36.0 * 2.0 * (2.0 * 20.0 + 100.0) * 1e-6;
+    assert!(
+        (p.breakdown.host - want).abs() < 1e-9,
+        "{} vs {want}",
+        p.breakdown.host
     );
 }

@@ -37,8 +37,8 @@
 use crate::backend::FlexBackend;
 use crate::collectives;
 use crate::compute::{self, ACT_BYTES, OpTimes, Part, TimerContext};
-use crate::layout::{CudaGraphImpl, CudaGraphModule, TokenDispatcher};
-use crate::model::MoeConfig;
+use crate::layout::{CudaGraphImpl, CudaGraphModule, Layout, TokenDispatcher};
+use crate::model::{ModelCard, MoeConfig};
 use crate::units::MICROSECOND;
 
 use super::{AloneParts, CommContext, FwdBwd, LayerInput, Parts};
@@ -108,14 +108,15 @@ pub(super) fn ep_cost(x: &LayerInput, ctx: &TimerContext) -> EpCost {
             backward: ep.backward,
         }
     };
-    let host = host_time(cc, t, &exposed, ctx);
+    let syncs = layer_syncs(card, cc.l);
+    let host = host_time(cc, t, &exposed, syncs, ctx);
     let alone = if opts.ep_overlap {
         // Unpaired: the pass's own dispatch and combine, exposed as without the overlap.
         let own = FwdBwd {
             forward: comm,
             backward: comm,
         };
-        let own_host = host_time(cc, t, &own, ctx);
+        let own_host = host_time(cc, t, &own, syncs, ctx);
         AloneParts {
             forward: Parts {
                 ep: comm - ep.forward,
@@ -216,12 +217,32 @@ fn flex_seconds(
     intra.max(inter) + 2.0 * cc.topo.latency(g)
 }
 
+/// Host synchronisations of one MoE layer per micro-batch, forward and backward: the
+/// dispatcher path's ([`crate::layout::MoeOptions::host_syncs`]) and, for a card with the
+/// clamped quick-GeGLU (`activationClamp`, gpt-oss), one more per forward: Megatron-Core's
+/// `weighted_bias_quick_geglu_impl` (`fusions/fused_bias_geglu.py`) makes its linear offset a
+/// device tensor on every call (`torch.tensor(linear_offset, device=input.device)`, a
+/// blocking host-to-device copy that synchronises the stream). The fused grouped MLP applies
+/// the activation in its GEMM epilogue: no call. A recomputed activation's rerun is left out,
+/// like the rest of recomputation's host time.
+pub(super) fn layer_syncs(card: &ModelCard, l: &Layout) -> (u32, u32) {
+    let (forward, backward) = l.moe.host_syncs();
+    let activation = (card.activation_clamp && !l.moe.fused_grouped_mlp) as u32;
+    (forward + activation, backward)
+}
+
 /// The host-bound time of a MoE layer, forward and backward (see the module documentation):
 /// per pass, the launches of each part of the layer (a captured part: one graph launch) against
 /// its GPU time; the sync and the section after it in the forward, the whole layer in the
 /// backward (its split sizes are known from the forward: no sync). `comm`: each pass's exposed
 /// dispatch and combine, GPU time the host issues behind.
-fn host_time(cc: &CommContext, t: &OpTimes, comm: &FwdBwd, ctx: &TimerContext) -> FwdBwd {
+fn host_time(
+    cc: &CommContext,
+    t: &OpTimes,
+    comm: &FwdBwd,
+    (syncs_f, syncs_b): (u32, u32),
+    ctx: &TimerContext,
+) -> FwdBwd {
     let l = cc.l;
     if l.cuda_graph.implementation == CudaGraphImpl::FullIteration {
         return FwdBwd::default();
@@ -267,7 +288,6 @@ fn host_time(cc: &CommContext, t: &OpTimes, comm: &FwdBwd, ctx: &TimerContext) -
     // launch (the first one's is in the section's deficit, which the launch costs are fitted
     // with): `extra` launches, unless the section is host-bound anyway.
     let sync = e.moe_host_sync_us * MICROSECOND;
-    let (syncs_f, syncs_b) = l.moe.host_syncs();
     let backward = if syncs_b > 0 {
         syncs_b as f64 * sync + (bwd.0 - bwd.1 - comm.backward).max(syncs_b as f64 * launch)
     } else {
