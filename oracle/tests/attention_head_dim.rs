@@ -9,12 +9,13 @@
 mod common;
 
 use primus_oracle::compute::{
-    AnalyticTimer, Dims, LayerShape, OpTimes, Pass, TimerContext, attention_head_dim_factor,
+    AnalyticTimer, Dims, LayerShape, Op, OpTimes, Pass, TimerContext, attention_head_dim_factor,
     layer_ops,
 };
 use primus_oracle::layout::Layout;
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
+use primus_oracle::scenario::Scenario;
 
 #[test]
 fn head_dim_64_runs_at_the_measured_ratio_and_128_at_the_profiles_rate() {
@@ -45,32 +46,21 @@ fn head_dim_64_runs_at_the_measured_ratio_and_128_at_the_profiles_rate() {
     }
 }
 
-#[test]
-fn gpt_oss_attention_core_is_timed_at_the_head_dim_64_rate() {
-    // gpt-oss-120b (64 query heads of dimension 64) on 8 H100, sequence 4096, TP1: the
-    // full-attention layer's core, forward at 0.55 x 408/609 of 989.4 TFLOP/s, backward at
-    // 0.40 x 417/499 with 2.5x the FLOPs, each plus one kernel's launch overhead.
-    let s = common::scenario(
-        "gpt-oss-120b",
-        "h100-sxm",
-        8,
-        Some(8),
-        4096,
-        64,
-        Precision::Bf16,
-    );
-    let l = Layout::default();
+/// The attention core of one full-attention layer of `kind` of built-in `model` on 8 H100,
+/// sequence 4096, TP1, and the layer's op times: the op and (forward, backward) seconds.
+fn attention_core(model: &str, kind: LayerKind) -> (Scenario, Op, (f64, f64)) {
+    let s = common::scenario(model, "h100-sxm", 8, Some(8), 4096, 64, Precision::Bf16);
     let ctx = TimerContext {
         hardware: &s.hardware,
         precision: Precision::Bf16,
         fp8_recipe: primus_oracle::backend::Fp8Recipe::Delayed,
     };
-    let d = Dims::of(&s, &l);
+    let d = Dims::of(&s, &Layout::default());
     let ops = layer_ops(
         &s.model,
         &d,
         LayerShape {
-            kind: LayerKind::Moe,
+            kind,
             sliding: false,
         },
     );
@@ -79,51 +69,30 @@ fn gpt_oss_attention_core_is_timed_at_the_head_dim_64_rate() {
         .iter()
         .find(|o| o.name == "attention")
         .expect("an attention core");
+    let t = OpTimes::of(&ops, &AnalyticTimer, &ctx);
+    (s, att, (t.attention_forward, t.attention_backward))
+}
+
+#[test]
+fn gpt_oss_attention_core_is_timed_at_the_head_dim_64_rate() {
+    // gpt-oss-120b (64 query heads of dimension 64) on 8 H100, sequence 4096, TP1: the
+    // full-attention layer's core, forward at 0.55 x 408/609 of 989.4 TFLOP/s, backward at
+    // 0.40 x 417/499 with 2.5x the FLOPs, each plus one kernel's launch overhead.
+    let (s, att, (forward, backward)) = attention_core("gpt-oss-120b", LayerKind::Moe);
     assert_eq!(att.k, 64.0, "the op carries the head dimension");
     // 4096 x 4097 / 2 causal pairs, 64 heads, 4 x 64 FLOPs per pair and head.
     let flops = 4096.0 * 4097.0 / 2.0 * 64.0 * 4.0 * 64.0;
     assert!((att.flops - flops).abs() < 1e-6 * flops);
-    let t = OpTimes::of(&ops, &AnalyticTimer, &ctx);
     let hw = &s.hardware;
     let peak = hw.peak_flops(Precision::Bf16);
     let launch = hw.efficiency.kernel_overhead_us * 1e-6;
     let fwd = flops / (peak * hw.efficiency.attention * 408.0 / 609.0) + launch;
     let bwd = 2.5 * flops / (peak * hw.efficiency.attention_backward() * 417.0 / 499.0) + launch;
-    assert!(
-        (t.attention_forward - fwd).abs() < 1e-9,
-        "{} vs {fwd}",
-        t.attention_forward
-    );
-    assert!(
-        (t.attention_backward - bwd).abs() < 1e-9,
-        "{} vs {bwd}",
-        t.attention_backward
-    );
+    assert!((forward - fwd).abs() < 1e-9, "{forward} vs {fwd}");
+    assert!((backward - bwd).abs() < 1e-9, "{backward} vs {bwd}");
     // Llama 3.1 8B (head dim 128) keeps the profile's rate.
-    let s8 = common::scenario(
-        "llama3.1-8b",
-        "h100-sxm",
-        8,
-        Some(8),
-        4096,
-        64,
-        Precision::Bf16,
-    );
-    let ops8 = layer_ops(
-        &s8.model,
-        &Dims::of(&s8, &l),
-        LayerShape {
-            kind: LayerKind::Dense,
-            sliding: false,
-        },
-    );
-    let att8 = *ops8
-        .as_slice()
-        .iter()
-        .find(|o| o.name == "attention")
-        .unwrap();
+    let (_, att8, (forward8, _)) = attention_core("llama3.1-8b", LayerKind::Dense);
     assert_eq!(att8.k, 128.0);
-    let t8 = OpTimes::of(&ops8, &AnalyticTimer, &ctx);
     let want8 = att8.flops / (peak * hw.efficiency.attention) + launch;
-    assert!((t8.attention_forward - want8).abs() < 1e-9);
+    assert!((forward8 - want8).abs() < 1e-9);
 }

@@ -28,11 +28,12 @@
 //! Host time: after the dispatcher's device-to-host copy of the per-expert token counts
 //! (`moeHostSyncUs`, once per synchronisation: the unfused permutation and DeepEP's unfused
 //! multihot conversion add theirs, [`crate::layout::MoeOptions::host_syncs`], each idling the
-//! GPU for at least one launch), the GPU waits for the host to issue the rest of the layer; a section
-//! lasts at least its framework calls x `cpuLaunchUs` plus its library-launched kernels x
-//! `libraryLaunchUs` (a captured CUDA-graph scope: one `graphLaunchUs`). The EP overlap does
-//! not remove it: the sync of one micro-batch drains the queue of the other. Static shapes (drop-and-pad capacity, HybridEP with a per-rank capacity)
-//! have no sync; full-iteration graphs replay the whole step with no host time at all.
+//! GPU for at least one launch), the GPU waits for the host to issue the rest of the layer; a
+//! section lasts at least its framework calls x `cpuLaunchUs` plus its library-launched
+//! kernels x `libraryLaunchUs` (a captured CUDA-graph scope: one `graphLaunchUs`). The EP
+//! overlap does not remove it: the sync of one micro-batch drains the queue of the other.
+//! Static shapes (drop-and-pad capacity, HybridEP with a per-rank capacity) have no sync;
+//! full-iteration graphs replay the whole step with no host time at all.
 
 use crate::backend::FlexBackend;
 use crate::collectives;
@@ -288,11 +289,9 @@ fn host_time(
     // launch (the first one's is in the section's deficit, which the launch costs are fitted
     // with): `extra` launches, unless the section is host-bound anyway.
     let sync = e.moe_host_sync_us * MICROSECOND;
-    let backward = if syncs_b > 0 {
-        syncs_b as f64 * sync + (bwd.0 - bwd.1 - comm.backward).max(syncs_b as f64 * launch)
-    } else {
-        (bwd.0 - bwd.1 - comm.backward).max(0.0)
-    };
+    // The backward's own syncs (none on most paths: then only its deficit).
+    let backward =
+        syncs_b as f64 * sync + (bwd.0 - bwd.1 - comm.backward).max(syncs_b as f64 * launch);
     let forward = if syncs_f > 0 {
         let extra = (syncs_f - 1) as f64;
         syncs_f as f64 * sync
