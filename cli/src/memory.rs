@@ -55,6 +55,14 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             );
             print!("{}", table(&report));
             print!("{}", verdict_line(&report, &band, verdict));
+            if report.fixed_segments_at_risk(layout) {
+                println!(
+                    "Without expandable segments the allocator's fixed-size segments may fragment past usable memory: the allocated peak {:.2} GiB x {} (the worst reserved-over-allocated measured) > {:.2} GiB; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                    gib(report.allocated_peak_bytes()),
+                    primus_oracle::memory::allocator::FIXED_SEGMENTS_WORST_RESERVED_RATIO,
+                    gib(report.usable_bytes),
+                );
+            }
             Ok(())
         }
     }
@@ -119,6 +127,12 @@ pub fn table(r: &MemoryReport) -> String {
             out.push_str(&format!(
                 "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) once the activations are freed: in the peak only by what exceeds them.\n",
                 gib(st.step_grad_copy_bytes),
+            ));
+        }
+        if st.graph_static_bytes > 0.0 {
+            out.push_str(&format!(
+                "Of the other bytes, {:.2} GiB are the CUDA graphs' static samples (attention masks, batch copies); the graphs' pools keep their activations from the optimizer step.\n",
+                gib(st.graph_static_bytes),
             ));
         }
         if st.side_stream_pool_bytes > 0.0 {

@@ -211,14 +211,13 @@ pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
         "a fine-grained activation offload that varies over pipeline ranks",
     ),
     ("--cpu-offloading-weights", "weight offloading"),
-    ("--cuda-graph-impl", "CUDA-graph memory pools"),
+    // The legacy CUDA-graph switches are not read into a layout (`--cuda-graph-impl` and
+    // `--cuda-graph-modules` are, and `memory::graphs` models them).
     ("--enable-cuda-graph", "CUDA-graph memory pools"),
     ("--external-cuda-graph", "CUDA-graph memory pools"),
+    // The legacy DeepEP switch is not read into a layout (`--moe-token-dispatcher-type flex`
+    // with `--moe-flex-dispatcher-backend` is, and `memory::dispatcher` sizes its buffers).
     ("--moe-enable-deepep", "DeepEP dispatcher buffers"),
-    (
-        "--moe-flex-dispatcher-backend",
-        "DeepEP/HybridEP dispatcher buffers",
-    ),
     ("--use-megatron-fsdp", "Megatron-FSDP sharding"),
     ("--use-custom-fsdp", "Megatron-FSDP sharding"),
     ("--use-nccl-ub", "NCCL user-buffer registration"),
@@ -1116,12 +1115,6 @@ impl MegatronArgs {
                 }
             }
         }
-        if self.get("--moe-token-dispatcher-type") == Some("flex") {
-            found.push((
-                "--moe-token-dispatcher-type flex".to_string(),
-                "DeepEP/HybridEP dispatcher buffers",
-            ));
-        }
         found
     }
 
@@ -1623,11 +1616,16 @@ mod tests {
 
     #[test]
     fn unmodelled_memory_flags_are_found_and_modelled_values_are_not() {
+        // The CUDA graphs and the flex dispatcher are read into the layout and modelled
+        // (`memory::graphs`, `memory::dispatcher`); the legacy switches are not.
         let a = MegatronArgs::parse([
             "--cuda-graph-impl",
             "transformer_engine",
             "--moe-token-dispatcher-type",
             "flex",
+            "--moe-flex-dispatcher-backend",
+            "hybridep",
+            "--enable-cuda-graph",
             "--use-nccl-ub",
         ]);
         let found: Vec<String> = a
@@ -1635,14 +1633,7 @@ mod tests {
             .into_iter()
             .map(|f| f.0)
             .collect();
-        assert_eq!(
-            found,
-            [
-                "--cuda-graph-impl",
-                "--use-nccl-ub",
-                "--moe-token-dispatcher-type flex"
-            ]
-        );
+        assert_eq!(found, ["--enable-cuda-graph", "--use-nccl-ub"]);
         let a = MegatronArgs::parse([
             "--cuda-graph-impl",
             "none",

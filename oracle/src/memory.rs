@@ -33,7 +33,9 @@
 //!   dispatch buffer, FSDP's unsharded layer buffers, the allocator's overhead (the hardware
 //!   profile's `overheads.allocatorFragmentation` fraction of all tensor memory, or the
 //!   expandable-segments constant), the communicator buffers ([`allocator`]) and the fused
-//!   token dispatcher's buffers ([`dispatcher`]), the last two outside PyTorch's allocator.
+//!   token dispatcher's buffers ([`dispatcher`]), the last two outside PyTorch's allocator,
+//!   and the CUDA graphs' static samples ([`graphs`], whose pools also keep the activations
+//!   they captured from the optimizer step's gradient copy).
 //!
 //! The runtime reserve (`overheads.runtimeReserveGib`: context, workspaces) is not part of a
 //! stage's total: it is what separates `capacityBytes` from `usableBytes`. How far the total
@@ -52,6 +54,7 @@ pub mod activations;
 pub mod allocator;
 pub mod band;
 pub mod dispatcher;
+pub mod graphs;
 pub mod optimizer;
 mod stage;
 
@@ -127,6 +130,10 @@ pub struct StageMemory {
     /// beyond their tensors ([`allocator::shared_expert_stream_pool_bytes`]), in the reserved
     /// bytes.
     pub side_stream_pool_bytes: f64,
+    /// Of the other bytes: the CUDA graphs' static samples kept from capture on
+    /// ([`graphs`]: Transformer Engine's attention masks, a full-iteration graph's batch
+    /// copies).
+    pub graph_static_bytes: f64,
     /// Of the other bytes: NCCL/RCCL communicator buffers, outside PyTorch's allocator.
     pub communicator_bytes: f64,
     /// Of the other bytes: the fused token dispatcher's buffers (DeepEP, HybridEP), outside
@@ -157,6 +164,22 @@ pub struct MemoryReport {
     pub fits: bool,
     /// Usable minus peak (negative when it does not fit).
     pub headroom_bytes: f64,
+}
+
+impl MemoryReport {
+    /// The largest allocated peak of the stages (`max_memory_allocated`).
+    pub fn allocated_peak_bytes(&self) -> f64 {
+        self.stages
+            .iter()
+            .map(|st| st.allocated_bytes)
+            .fold(0.0, f64::max)
+    }
+
+    /// Whether layout `l` (the one reported) could fragment past the usable memory with
+    /// fixed-size allocator segments ([`allocator::fixed_segments_at_risk`]).
+    pub fn fixed_segments_at_risk(&self, l: &Layout) -> bool {
+        allocator::fixed_segments_at_risk(l, self.allocated_peak_bytes(), self.usable_bytes)
+    }
 }
 
 /// What one GPU copies to the host per decoder layer and micro-batch under the layout's

@@ -149,7 +149,9 @@ fn every_gated_rows_error_lies_inside_its_kinds_band_and_the_band_is_no_looser()
             );
         }
         // A run that ran out of memory needed more than usable: a prediction below usable is
-        // an under-prediction of at least (usable / predicted - 1), which the band must cover.
+        // an under-prediction of at least (usable / predicted - 1), which the band must cover,
+        // unless the fixed-segment warning covers it (MB-L1, MB-L8: fragmentation OOMs of
+        // the default allocator, which its 1.44 ratio comes from).
         let oom_bounds: Vec<(String, f64)> = v
             .rows
             .iter()
@@ -157,6 +159,7 @@ fn every_gated_rows_error_lies_inside_its_kinds_band_and_the_band_is_no_looser()
                 r.outcome == Outcome::Oom
                     && r.status == RowStatus::Ok
                     && r.needs_option.is_none()
+                    && !r.fixed_segments_at_risk
                     && r.framework.megatron_family()
                     && r.kind() == kind
             })
@@ -225,7 +228,12 @@ fn verdicts_agree_with_what_happened() {
     // at risk), MP-D5 (DeepSeek-V3 on 256 GPUs with 8 recomputed layer IDs: 257 GiB, at risk)
     // and MP-D6 (the same on 512 GPUs: 248 GiB, at risk). MP-D5 and MP-D6 were judged on a
     // block-method stand-in (171-180 GiB) until the layer IDs were modelled, and at 231 and
-    // 223 GiB until stop 34 ran their legacy grouped GEMM's experts in BF16.
+    // 223 GiB until stop 34 ran their legacy grouped GEMM's experts in BF16. Counted since the
+    // CUDA graphs are modelled (`memory::graphs`; they were reported, not counted, as rows
+    // needing that option): MB-L1 and MB-L8 (Megatron-Bridge's Llama 3.1 70B SFT on 32 H100
+    // with fixed-size allocator segments, 66 of 79 GiB: "caused by memory fragmentation, not
+    // insufficient capacity"; the webhook warns of it, `fixed_segments_at_risk`) and MB-G1
+    // (gpt-oss-120b on 32 H100, 78.5 of 78.8 GiB, at risk).
     for (name, text) in [
         ("memory", MEMORY),
         ("published", PUBLISHED),
@@ -243,7 +251,8 @@ fn verdicts_agree_with_what_happened() {
         assert!(
             v.missed_ooms
                 .iter()
-                .all(|id| ["MP-Q6", "MP-D5", "MP-D6"].contains(&id.as_str())),
+                .all(|id| ["MP-Q6", "MP-D5", "MP-D6", "MB-L1", "MB-L8", "MB-G1"]
+                    .contains(&id.as_str())),
             "{name}: missed OOMs {:?}",
             v.missed_ooms
         );

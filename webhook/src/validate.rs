@@ -377,6 +377,16 @@ impl Validator {
             MemoryVerdict::AtRisk => self.warn_headroom(s, &job.layout, &m, &band, search_deadline),
             MemoryVerdict::Fits => Verdict::allow(Reason::Fits),
         };
+        // A job that fits gets the fixed-segment warning (a job near or over usable memory is
+        // warned already, fragmentation named).
+        if verdict == MemoryVerdict::Fits && m.report.fixed_segments_at_risk(&job.layout) {
+            v = v.warn(format!(
+                "primus: without expandable segments the caching allocator's fixed-size segments can fragment: the predicted allocated peak {} GiB times {} (the worst reserved-over-allocated measured, memory.csv MB-L1) is over the {} GiB usable; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                gib1(m.report.allocated_peak_bytes()),
+                memory::allocator::FIXED_SEGMENTS_WORST_RESERVED_RATIO,
+                gib1(m.usable_bytes),
+            ));
+        }
         if verdict != MemoryVerdict::Exceeds {
             for (flag, what) in &job.unmodelled {
                 v = v.warn(format!(

@@ -164,7 +164,15 @@ fn every_suggestion_is_a_legal_layout_that_fits_and_applying_it_is_admitted() {
             s.flags(),
             message(&a)
         );
-        assert!(warnings(&a).is_empty(), "{:?}", warnings(&a));
+        // Nothing but, past 1.44x its allocated peak, the fixed-size segments' warning (the
+        // example job sets no PYTORCH_HIP_ALLOC_CONF).
+        assert!(
+            warnings(&a)
+                .iter()
+                .all(|w| w.contains("fixed-size segments can fragment")),
+            "{:?}",
+            warnings(&a)
+        );
     }
 }
 

@@ -380,14 +380,14 @@ fn over_usable_within_the_band_is_admitted_with_a_warning_beyond_it_denied() {
     let mut unmodelled = job(s, big);
     unmodelled
         .unmodelled
-        .push(("--cuda-graph-impl".into(), "CUDA-graph memory pools"));
+        .push(("--enable-cuda-graph".into(), "CUDA-graph memory pools"));
     let v = judge(&unmodelled);
     assert!(v.allowed, "{}", v.message);
     assert_eq!(v.reason, Reason::Unmodelled);
     assert!(
         v.warnings
             .iter()
-            .any(|w| w.contains("--cuda-graph-impl") && w.contains("does not model")),
+            .any(|w| w.contains("--enable-cuda-graph") && w.contains("does not model")),
         "{:?}",
         v.warnings
     );
@@ -419,7 +419,7 @@ fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
         "--use-flash-attn",
         "--use-flash-attn --hidden-dropout 0.0 --attention-dropout 0.0 \
          --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
-         --exp-avg-sq-dtype bf16 --cuda-graph-impl transformer_engine",
+         --exp-avg-sq-dtype bf16 --cuda-graph-impl transformer_engine --enable-cuda-graph",
     );
     for r in job["spec"]["pytorchReplicaSpecs"]
         .as_object_mut()
@@ -438,16 +438,22 @@ fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
         d.layout.exp_avg_dtype,
         primus_oracle::layout::OptimizerDtype::Bf16
     );
+    // Transformer Engine graphs are read and modelled (`memory::graphs`); the legacy switch
+    // beside them is not.
+    assert_eq!(
+        d.layout.cuda_graph.implementation,
+        primus_oracle::layout::CudaGraphImpl::TransformerEngine
+    );
     assert_eq!(
         d.unmodelled,
-        vec![("--cuda-graph-impl".to_string(), "CUDA-graph memory pools")]
+        vec![("--enable-cuda-graph".to_string(), "CUDA-graph memory pools")]
     );
     let v = judge(&d);
     assert!(v.allowed);
     assert!(
         v.warnings
             .iter()
-            .any(|w| w.contains("--cuda-graph-impl (CUDA-graph memory pools)")),
+            .any(|w| w.contains("--enable-cuda-graph (CUDA-graph memory pools)")),
         "{:?}",
         v.warnings
     );

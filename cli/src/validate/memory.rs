@@ -73,8 +73,16 @@ fn row_details(r: &MemoryRow) -> String {
             pct(Some(m.error))
         ));
     }
+    if r.outcome == primus_oracle::validate::memory::Outcome::Oom && r.fixed_segments_at_risk {
+        out.push_str(&format!(
+            "         fixed-size allocator segments: the allocated peak x {} is over usable (the webhook warns)\n",
+            primus_oracle::memory::allocator::FIXED_SEGMENTS_WORST_RESERVED_RATIO
+        ));
+    }
     if let Some(n) = &r.needs_option {
         out.push_str(&format!("         not in the gate: {n}\n"));
+    } else if let Some(n) = &r.peak_not_compared {
+        out.push_str(&format!("         not in the error statistics: {n}\n"));
     } else if r.outcome == primus_oracle::validate::memory::Outcome::Oom
         && !r.measurements.is_empty()
     {

@@ -24,6 +24,23 @@ use crate::scenario::Scenario;
 /// `oracle/tests/data/memory.csv`.
 pub const EXPANDABLE_SEGMENTS_OVERHEAD: f64 = 0.01;
 
+/// Reserved over allocated that PyTorch's default allocator (fixed-size segments, no
+/// expandable segments) has been measured to reach in a Megatron job: Megatron-Bridge's Llama
+/// 3.1 70B SFT recipe on 32 H100 (TP4 PP4 VPP5, FP8) ran out of memory at 58.8 GB (54.8 GiB)
+/// allocated of the 78.8 GiB usable, "caused by memory fragmentation, not insufficient
+/// capacity", and ran with expandable segments (skills/nemo-mbridge-perf-memory-tuning,
+/// Megatron-Bridge v0.6.0; memory.csv MB-L1, MB-L2): 78.8 / 54.8 = 1.44. Not the typical
+/// overhead (the profile's `allocatorFragmentation`), the worst one seen: above it a job is
+/// warned, never denied.
+pub const FIXED_SEGMENTS_WORST_RESERVED_RATIO: f64 = 1.44;
+
+/// Whether a layout's allocated peak (`allocated` bytes, the largest of its stages) could
+/// fragment past `usable` bytes with fixed-size segments
+/// ([`FIXED_SEGMENTS_WORST_RESERVED_RATIO`]); never with expandable segments.
+pub fn fixed_segments_at_risk(l: &Layout, allocated: f64, usable: f64) -> bool {
+    !l.expandable_segments && allocated * FIXED_SEGMENTS_WORST_RESERVED_RATIO > usable
+}
+
 /// The allocator overhead of a layout on a GPU, as a fraction of the allocated tensors: the
 /// profile's `overheads.allocatorFragmentation` (PyTorch's default allocator, fixed-size
 /// segments) or [`EXPANDABLE_SEGMENTS_OVERHEAD`].

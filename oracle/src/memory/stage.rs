@@ -19,7 +19,7 @@ use super::activations::{
 use super::optimizer::{StateBytes, state_bytes};
 use super::{
     FSDP_UNSHARDED_LAYERS, PP_P2P_BUFFERS, SP_GATHER_BUFFERS, StageMemory, TP_OVERLAP_BUFFERS,
-    VOCAB_PAD_MULTIPLE, allocator, dispatcher,
+    VOCAB_PAD_MULTIPLE, allocator, dispatcher, graphs,
 };
 
 /// Layers of offloaded activations resident on the GPU at once with layer-level activation
@@ -281,6 +281,9 @@ struct StageTally {
     /// host, which bound them (a rank with fewer layers in flight keeps only those).
     fine_grained_resident: f64,
     fine_grained_moved: f64,
+    /// (Decoder layer, micro-batch) pairs in flight, summed over the chunks: the static
+    /// samples Transformer Engine's graphs keep ([`graphs::static_mask_bytes`]).
+    layer_slots: f64,
 }
 
 /// Parameters one GPU of a stage holds (before FSDP sharding), non-expert and expert, and of
@@ -322,12 +325,32 @@ impl Ctx<'_> {
         let params = self.stage_params(&t);
         let state = self.model_state(&params);
         let buffers = self.buffers(&t);
+        // The CUDA graphs' static samples, kept from capture on (`graphs`): Transformer
+        // Engine's attention masks, a full-iteration graph's batch copies where data is read.
+        let reads_data = t.embedding || t.loss || t.mtp > 0;
+        let graph_statics = graphs::static_mask_bytes(self.s, l, t.layer_slots)
+            + if reads_data {
+                graphs::static_batch_bytes(self.s, l, self.m)
+            } else {
+                0.0
+            };
         // The optimizer step runs after the last backward, with the activations and the
         // passes' buffers freed: its gradient copy raises the peak only where it is larger
-        // than they are (then by the difference, counted with the other bytes).
-        let step_excess = (state.step_grad_copy - activations - buffers).max(0.0);
-        let tensors =
-            state.weights + state.gradients + state.optimizer + activations + buffers + step_excess;
+        // than they are (then by the difference, counted with the other bytes). What the
+        // graphs' pools keep reserved is not freed for it.
+        let reusable = match graphs::Pinned::of(l) {
+            graphs::Pinned::Nothing => activations + buffers,
+            graphs::Pinned::Layers => activations - t.activations + buffers,
+            graphs::Pinned::Everything => 0.0,
+        };
+        let step_excess = (state.step_grad_copy - reusable).max(0.0);
+        let tensors = state.weights
+            + state.gradients
+            + state.optimizer
+            + activations
+            + buffers
+            + graph_statics
+            + step_excess;
         let fragmentation = self.allocator_overhead * tensors;
         // The shared-expert side streams' pools, reserved beside the allocator's overhead.
         let mtp_moe = self.s.model.mtp_layer_kind() == LayerKind::Moe;
@@ -337,6 +360,7 @@ impl Ctx<'_> {
         let reserved = tensors + fragmentation + side_streams;
         // Outside PyTorch's allocator: in the total, not in the reserved bytes.
         let other = buffers
+            + graph_statics
             + step_excess
             + fragmentation
             + side_streams
@@ -363,6 +387,7 @@ impl Ctx<'_> {
             buffers_bytes: buffers,
             fragmentation_bytes: fragmentation,
             side_stream_pool_bytes: side_streams,
+            graph_static_bytes: graph_statics,
             communicator_bytes: self.communicators,
             dispatcher_bytes: self.dispatcher,
             allocated_bytes: tensors,
@@ -488,6 +513,7 @@ impl Ctx<'_> {
             t.logits = per_logit_set * (FP32_BYTES * (1 + vs.mtp) as f64 * count + ACT_BYTES);
         }
         t.activations += count * per_mb;
+        t.layer_slots += count * vs.layers as f64;
         t.wgrad_per_mb += nd as f64 * act.wgrad_dense + nm as f64 * act.wgrad_moe;
     }
 

@@ -28,12 +28,16 @@
 //!   one is reported (and kept out of the error gate) with the reason: `tokenDispatcher`
 //!   (every value modelled: `alltoall`, `allgather`, and `deepep`, `primus-turbo-deepep`,
 //!   `hybridep` with their buffers outside PyTorch's allocator, `memory::dispatcher`),
-//!   `cudaGraph` (`none`; `te-scoped`, `full-iteration`),
 //!   `syncFreeMoeStage` (0, 1; 2, 3 preallocate worst-case buffers), `moeForceLoadBalancing`
 //!   (`true`; `false` = real routing imbalance), `groupedGemm` (`legacy`; `turbo`),
 //!   `ppAlgorithm` (Primus-pipeline schedules `zbb`, `zbv-formatted`, `v-half`, `v-min`).
 //!   An unknown value is a bad row. (`recomputeLayerIds`, Primus' per-layer recompute list, is
 //!   a layout column.)
+//! - `cudaGraph`: the layout's words (`te(mlp)`, `local`, `full_iteration`; `memory::graphs`)
+//!   or this set's `te-scoped` (Megatron-Bridge's MoE recipes' scopes,
+//!   `te(attn+moe_router+moe_preprocess)`) and `full-iteration`; a Megatron-Bridge row with
+//!   graphs captured at step 3 logged its peak before them, so its error stays out of the
+//!   aggregates while its verdict counts;
 //! - `source`, `measuredAsPublished`, `trust`, `notes`: where the number comes from and what was
 //!   assumed.
 
@@ -242,6 +246,13 @@ pub struct MemoryRow {
     /// An option the row's run used that the model does not have yet: the row's error is kept
     /// out of the aggregates and the gate, and a missed OOM is reported but not counted.
     pub needs_option: Option<String>,
+    /// Why the row's measured peak is not the one the model predicts (it predates the
+    /// CUDA graphs' capture): kept out of the error aggregates; its verdict counts.
+    pub peak_not_compared: Option<String>,
+    /// With fixed-size allocator segments, the predicted allocated peak times the worst
+    /// fragmentation measured is over usable ([`memory::allocator::fixed_segments_at_risk`]):
+    /// the webhook warns of it whatever the verdict.
+    pub fixed_segments_at_risk: bool,
     pub status: RowStatus,
     pub notes: Vec<String>,
 }
@@ -257,6 +268,7 @@ impl MemoryRow {
         self.status == RowStatus::Ok
             && self.outcome == Outcome::Ran
             && self.needs_option.is_none()
+            && self.peak_not_compared.is_none()
             && self.error().is_some()
     }
 
@@ -393,6 +405,7 @@ struct RowMeta {
     outcome: Outcome,
     stage: PeakStage,
     needs_option: Option<String>,
+    peak_predates_graphs: Option<String>,
 }
 
 fn bad(row: &Row, status: RowStatus) -> MemoryRow {
@@ -414,6 +427,8 @@ fn bad(row: &Row, status: RowStatus) -> MemoryRow {
         verdict: None,
         agreement: None,
         needs_option: None,
+        peak_not_compared: None,
+        fixed_segments_at_risk: false,
         status,
         notes: Vec::new(),
     }
@@ -588,6 +603,7 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> MemoryRow {
     r.framework = meta.framework;
     r.outcome = meta.outcome;
     r.needs_option = meta.needs_option;
+    r.peak_not_compared = meta.peak_predates_graphs;
     r.vendor = Some(scenario.hardware.vendor);
     r.moe = scenario.model.moe.is_some();
     r.layout = checked.layout.label();
@@ -624,6 +640,7 @@ fn judge(
         .collect();
     r.predicted_total_gib = Some(report.peak_bytes / GIB);
     r.usable_gib = Some(report.usable_bytes / GIB);
+    r.fixed_segments_at_risk = report.fixed_segments_at_risk(l);
     if !r.framework.megatron_family() {
         return;
     }
@@ -747,11 +764,34 @@ fn row_meta(row: &Row) -> Result<RowMeta, String> {
         o => return Err(format!("column peakStage: {o:?} is not max, first or last")),
     };
     let needs_option = needs_option(row)?;
+    let peak_predates_graphs = peak_predates_graphs(row, framework);
     Ok(RowMeta {
         framework,
         outcome,
         stage,
         needs_option,
+        peak_predates_graphs,
+    })
+}
+
+/// Why a row's logged peak is not the one the model predicts for its CUDA graphs, if it is
+/// not: Megatron-Core captures Transformer Engine and full-iteration graphs at the start of
+/// step `cuda_graph_warmup_steps` (3; `megatron/training/training.py`, Megatron-Bridge
+/// `training/train.py`), and Megatron-Bridge logs memory once, after iteration 1 (2 since its
+/// #3169, "to include optimizer state memory"), never resetting the peaks
+/// (`training/utils/train_utils.py` `report_memory`): the logged peak is the eager run's,
+/// possibly without the optimizer's states. The row's verdict still counts (its outcome is
+/// the run's, graphs and all).
+fn peak_predates_graphs(row: &Row, framework: Framework) -> Option<String> {
+    let graphs = row.get("cudaGraph");
+    let captured_late = matches!(
+        graphs,
+        "te-scoped" | "full-iteration" | "full_iteration" | "transformer_engine"
+    ) || graphs.starts_with("te(");
+    (framework == Framework::MegatronBridge && captured_late).then(|| {
+        "logged after iteration 1 or 2, before its CUDA graphs' capture at step 3 and \
+         possibly before the optimizer's states (Megatron-Bridge #3169)"
+            .to_string()
     })
 }
 
@@ -773,25 +813,8 @@ fn needs_option(row: &Row) -> Result<Option<String>, String> {
         ],
         &[],
     )?;
-    // The throughput CSVs' CUDA-graph words (`te(attn+moe_router)`, `local`, `full_iteration`)
-    // are judged on the verdict alone, as before they had the column.
-    let graph_words = row.get("cudaGraph");
-    let graphs_known = if matches!(graph_words, "" | "none" | "te-scoped" | "full-iteration") {
-        ["none"]
-    } else {
-        [graph_words]
-    };
     let checks = [
         dispatcher,
-        option_cell(
-            row,
-            "cudaGraph",
-            &graphs_known,
-            &[
-                ("te-scoped", "CUDA-graph memory pools; issue 16"),
-                ("full-iteration", "CUDA-graph memory pools; issue 16"),
-            ],
-        )?,
         option_cell(
             row,
             "syncFreeMoeStage",
