@@ -125,7 +125,7 @@ pub fn table(r: &MemoryReport) -> String {
     if let Some(st) = r.stages.iter().find(|st| st.stage == r.bottleneck_stage) {
         if st.step_grad_copy_bytes > 0.0 {
             out.push_str(&format!(
-                "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) once the activations are freed: in the peak only by what exceeds them.\n",
+                "The optimizer step adds {:.2} GiB (an FP32 copy of the BF16 gradient shard) after the backward: in the peak only by what exceeds the memory it reuses (the activations and pass buffers no CUDA-graph pool keeps).\n",
                 gib(st.step_grad_copy_bytes),
             ));
         }

@@ -222,3 +222,36 @@ fn the_verdict_comes_with_the_measured_error_band() {
         "{v}"
     );
 }
+
+#[test]
+fn cuda_graph_samples_and_fixed_segment_fragmentation_are_named() {
+    // Qwen3-30B-A3B on 8 B200, EP8, MBS 4, Transformer Engine graphs of attention: 48 layers'
+    // static masks of 4 x 4096 x 4096 bools = 3 GiB, in the other bytes. Without expandable
+    // segments its allocated peak times 1.44 is over the B200's usable memory: named with the
+    // fix; with them, not.
+    let spec = |expandable: bool| {
+        format!(
+            "spec:\n  model: {{preset: qwen3-30b-a3b}}\n  cluster: {{gpu: b200, gpus: 8}}\n  training: {{seqLength: 4096, globalBatchSize: 512, precision: fp8}}\n  parallelism:\n    ep: 8\n    microBatchSize: 4\n    gradReduceInFp32: false\n    expandableSegments: {expandable}\n    cudaGraph: {{impl: transformer_engine, modules: [attn, moe_router, moe_preprocess]}}\n    moe: {{tokenDispatcher: flex, flexBackend: hybridep, groupedGemm: grouped, permuteFusion: true, forceLoadBalancing: true}}\n"
+        )
+    };
+    let fixed = plan_file(&spec(false));
+    let text = memory_output(fixed.path(), "table");
+    assert!(
+        text.contains("Of the other bytes, 3.00 GiB are the CUDA graphs' static samples"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fixed-size segments may fragment past usable memory")
+            && text.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&memory_output(fixed.path(), "json")).unwrap();
+    let st = &v["memory"]["stages"][0];
+    assert_eq!(
+        st["graphStaticBytes"].as_f64().unwrap(),
+        48.0 * 4.0 * 4096.0 * 4096.0
+    );
+    let expandable = plan_file(&spec(true));
+    let text = memory_output(expandable.path(), "table");
+    assert!(!text.contains("fixed-size segments"), "{text}");
+}
