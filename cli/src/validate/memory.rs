@@ -137,7 +137,7 @@ pub fn table(v: &MemoryValidation) -> String {
         "\nGiB per GPU. PREDICTED is the row's metric (allocated, reserved or device-used) at its stage; TOTAL is the verdict's peak (reserved + communicator and dispatcher buffers) against USABLE.\n",
     );
     out.push_str(
-        "Error statistics (rows that ran, with a peak, needing no option the model lacks):\n",
+        "Error statistics (rows that ran, with a peak logged where the model predicts it, needing no option the model lacks):\n",
     );
     for a in &v.aggregates {
         out.push_str(&aggregate_line(a));
