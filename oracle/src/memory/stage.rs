@@ -97,6 +97,12 @@ pub(super) struct Ctx<'a> {
     pub(super) stream_pool: f64,
     communicators: f64,
     dispatcher: f64,
+    /// The CUDA graphs' static attention mask of one (layer, micro-batch) slot, a
+    /// full-iteration graph's batch copies on a rank that reads data, and what their pools
+    /// keep from the optimizer step ([`graphs`]).
+    graph_mask_per_slot: f64,
+    graph_batches: f64,
+    graph_pinned: graphs::Pinned,
 }
 
 impl LayerActivations {
@@ -238,6 +244,13 @@ impl<'a> Ctx<'a> {
             stream_pool: allocator::shared_expert_stream_pool_bytes(s, l, tokens),
             communicators: allocator::communicator_bytes(s, l),
             dispatcher,
+            graph_mask_per_slot: graphs::static_mask_bytes(s, l, 1.0),
+            graph_batches: graphs::static_batch_bytes(
+                s,
+                l,
+                l.num_microbatches(s).min(u32::MAX as u64) as u32,
+            ),
+            graph_pinned: graphs::Pinned::of(l),
         }
     }
 }
@@ -328,17 +341,13 @@ impl Ctx<'_> {
         // The CUDA graphs' static samples, kept from capture on (`graphs`): Transformer
         // Engine's attention masks, a full-iteration graph's batch copies where data is read.
         let reads_data = t.embedding || t.loss || t.mtp > 0;
-        let graph_statics = graphs::static_mask_bytes(self.s, l, t.layer_slots)
-            + if reads_data {
-                graphs::static_batch_bytes(self.s, l, self.m)
-            } else {
-                0.0
-            };
+        let graph_statics = self.graph_mask_per_slot * t.layer_slots
+            + if reads_data { self.graph_batches } else { 0.0 };
         // The optimizer step runs after the last backward, with the activations and the
         // passes' buffers freed: its gradient copy raises the peak only where it is larger
         // than they are (then by the difference, counted with the other bytes). What the
         // graphs' pools keep reserved is not freed for it.
-        let reusable = match graphs::Pinned::of(l) {
+        let reusable = match self.graph_pinned {
             graphs::Pinned::Nothing => activations + buffers,
             graphs::Pinned::Layers => activations - t.activations + buffers,
             graphs::Pinned::Everything => 0.0,
