@@ -8,10 +8,7 @@
 
 mod common;
 
-use primus_oracle::compute::{
-    AnalyticTimer, Dims, LayerShape, Op, OpTimes, Pass, TimerContext, attention_head_dim_factor,
-    layer_ops,
-};
+use primus_oracle::compute::{Op, Pass, attention_head_dim_factor};
 use primus_oracle::layout::Layout;
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
@@ -50,27 +47,8 @@ fn head_dim_64_runs_at_the_measured_ratio_and_128_at_the_profiles_rate() {
 /// sequence 4096, TP1, and the layer's op times: the op and (forward, backward) seconds.
 fn attention_core(model: &str, kind: LayerKind) -> (Scenario, Op, (f64, f64)) {
     let s = common::scenario(model, "h100-sxm", 8, Some(8), 4096, 64, Precision::Bf16);
-    let ctx = TimerContext {
-        hardware: &s.hardware,
-        precision: Precision::Bf16,
-        fp8_recipe: primus_oracle::backend::Fp8Recipe::Delayed,
-    };
-    let d = Dims::of(&s, &Layout::default());
-    let ops = layer_ops(
-        &s.model,
-        &d,
-        LayerShape {
-            kind,
-            sliding: false,
-        },
-    );
-    let att = *ops
-        .as_slice()
-        .iter()
-        .find(|o| o.name == "attention")
-        .expect("an attention core");
-    let t = OpTimes::of(&ops, &AnalyticTimer, &ctx);
-    (s, att, (t.attention_forward, t.attention_backward))
+    let (att, times) = common::attention_core(&s, &Layout::default(), kind);
+    (s, att, times)
 }
 
 #[test]

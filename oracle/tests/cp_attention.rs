@@ -8,9 +8,7 @@
 
 mod common;
 
-use primus_oracle::compute::{
-    AnalyticTimer, Dims, LayerShape, OpTimes, TimerContext, layer_ops, unmasked_attention_fraction,
-};
+use primus_oracle::compute::unmasked_attention_fraction;
 use primus_oracle::layout::Layout;
 use primus_oracle::model::LayerKind;
 use primus_oracle::precision::Precision;
@@ -42,24 +40,8 @@ fn llama8b(seq: u64, cp: u32) -> (Scenario, Layout) {
 
 /// The attention core's forward and backward seconds of one layer, per micro-batch.
 fn core(s: &Scenario, l: &Layout) -> (f64, f64, f64) {
-    let ctx = TimerContext {
-        hardware: &s.hardware,
-        precision: Precision::Bf16,
-        fp8_recipe: primus_oracle::backend::Fp8Recipe::Delayed,
-    };
-    let d = Dims::of(s, l);
-    let shape = LayerShape {
-        kind: LayerKind::Dense,
-        sliding: false,
-    };
-    let ops = layer_ops(&s.model, &d, shape);
-    let att = *ops
-        .as_slice()
-        .iter()
-        .find(|o| o.name == "attention")
-        .expect("an attention core");
-    let t = OpTimes::of(&ops, &AnalyticTimer, &ctx);
-    (t.attention_forward, t.attention_backward, att.flops)
+    let (att, (forward, backward)) = common::attention_core(s, l, LayerKind::Dense);
+    (forward, backward, att.flops)
 }
 
 #[test]

@@ -58,6 +58,16 @@ fn qwen3_30b(pp: u32, mbs: u32, g: CudaGraph) -> (Scenario, Layout) {
     (s, l)
 }
 
+/// [`qwen3_30b`] without graphs but with the static shapes whole-layer graphs need: their
+/// eager baseline.
+fn qwen3_30b_static_eager(pp: u32, mbs: u32) -> (Scenario, Layout) {
+    let (s, mut l) = qwen3_30b(pp, mbs, CudaGraph::default());
+    l.moe.capacity_factor = Some(Factor(1.0));
+    l.moe.pad_to_capacity = true;
+    l.check(&s).expect("legal layout");
+    (s, l)
+}
+
 fn te(modules: &[CudaGraphModule]) -> CudaGraph {
     CudaGraph {
         implementation: CudaGraphImpl::TransformerEngine,
@@ -108,10 +118,7 @@ fn te_graphs_of_attention_keep_one_mask_per_layer_and_micro_batch_in_flight() {
 
 #[test]
 fn a_full_iteration_graph_keeps_its_batches_and_its_activations_from_the_optimizer_step() {
-    // The eager baseline with the graphs' static shapes.
-    let (s, mut eager) = qwen3_30b(1, 4, CudaGraph::default());
-    eager.moe.capacity_factor = Some(Factor(1.0));
-    eager.moe.pad_to_capacity = true;
+    let (s, eager) = qwen3_30b_static_eager(1, 4);
     let (_, full) = qwen3_30b(1, 4, graphs_of(CudaGraphImpl::FullIteration));
     let e = memory::stage_memory(&s, &eager, 0);
     let f = memory::stage_memory(&s, &full, 0);
@@ -131,9 +138,7 @@ fn a_full_iteration_graph_keeps_its_batches_and_its_activations_from_the_optimiz
     );
     // Per-layer graphs of whole layers keep the layers' activations, not the rest: on the
     // first of two stages (no logits there) the copy reuses only the passes' buffers.
-    let (s2, mut eager2) = qwen3_30b(2, 4, CudaGraph::default());
-    eager2.moe.capacity_factor = Some(Factor(1.0));
-    eager2.moe.pad_to_capacity = true;
+    let (s2, eager2) = qwen3_30b_static_eager(2, 4);
     let (_, local2) = qwen3_30b(2, 4, graphs_of(CudaGraphImpl::Local));
     let e0 = memory::stage_memory(&s2, &eager2, 0);
     let l0 = memory::stage_memory(&s2, &local2, 0);

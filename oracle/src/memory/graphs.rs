@@ -14,7 +14,7 @@
 //!   (`TransformerLayer.get_layer_static_inputs`), allocated in the eager pool and kept by the
 //!   graph as input surface. `TECudaGraphHelper._get_sample_arguments` reuses a sample's
 //!   buffers once its backward has run, so a rank keeps one per (layer, micro-batch) in flight
-//!   ([`static_mask_bytes`]); with pp = 1 one graph per layer serves every micro-batch. The
+//!   ([`static_mask_bytes_per_slot`]); with pp = 1 one graph per layer serves every micro-batch. The
 //!   hidden-state sample input replaces the norm input the eager layer saves (no new bytes);
 //!   the backward's grad-output buffers are shared per shape (one hidden state a rank, left
 //!   out).
@@ -73,22 +73,20 @@ pub fn has_static_masks(l: &Layout) -> bool {
         && l.cuda_graph.captures(CudaGraphModule::Attn)
 }
 
-/// Bytes of the static attention masks of `slots` (graphed layer, micro-batch) pairs in flight:
-/// `mbs * (s / cp) * s` bools each.
-pub fn static_mask_bytes(s: &Scenario, l: &Layout, slots: f64) -> f64 {
+/// Bytes of the static attention mask of one (graphed layer, micro-batch) slot in flight:
+/// `mbs * (s / cp) * s` bools, i.e. `s` per token of a micro-batch (`tokens = mbs * s / cp`).
+pub fn static_mask_bytes_per_slot(s: &Scenario, l: &Layout, tokens: f64) -> f64 {
     if !has_static_masks(l) {
         return 0.0;
     }
-    let seq = s.training.seq_length as f64;
-    slots * l.micro_batch_size as f64 * seq / l.cp.max(1) as f64 * seq
+    tokens * s.training.seq_length as f64
 }
 
 /// Bytes of a full-iteration graph's static batch copies on a rank that reads data: one per
-/// micro-batch of the step, `mbs * s / cp` tokens each.
-pub fn static_batch_bytes(s: &Scenario, l: &Layout, microbatches: u32) -> f64 {
+/// micro-batch of the step, `tokens` (`mbs * s / cp`) each.
+pub fn static_batch_bytes(l: &Layout, tokens: f64, microbatches: u32) -> f64 {
     if l.cuda_graph.implementation != CudaGraphImpl::FullIteration {
         return 0.0;
     }
-    let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
     microbatches as f64 * tokens * STATIC_BATCH_BYTES_PER_TOKEN
 }

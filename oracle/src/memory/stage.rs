@@ -189,6 +189,7 @@ impl<'a> Ctx<'a> {
         let tp = l.tp.max(1) as f64;
         let tp_sp = if l.sp() { tp } else { 1.0 };
         let tokens = s.training.seq_length as f64 / l.cp.max(1) as f64 * l.micro_batch_size as f64;
+        let m = l.num_microbatches(s).min(u32::MAX as u64) as u32;
         let gpus = s.cluster.gpus;
         let dp_cp = (gpus / (l.tp.max(1) * l.pp.max(1))).max(1) as f64;
         let edp = l.expert_dp(gpus).unwrap_or(1).max(1) as f64;
@@ -212,7 +213,7 @@ impl<'a> Ctx<'a> {
             tp,
             tp_sp,
             tokens,
-            m: l.num_microbatches(s).min(u32::MAX as u64) as u32,
+            m,
             chunks: l.chunks(),
             dense_layers: card.dense_layer_count(),
             h: card.hidden_size as f64,
@@ -244,12 +245,8 @@ impl<'a> Ctx<'a> {
             stream_pool: allocator::shared_expert_stream_pool_bytes(s, l, tokens),
             communicators: allocator::communicator_bytes(s, l),
             dispatcher,
-            graph_mask_per_slot: graphs::static_mask_bytes(s, l, 1.0),
-            graph_batches: graphs::static_batch_bytes(
-                s,
-                l,
-                l.num_microbatches(s).min(u32::MAX as u64) as u32,
-            ),
+            graph_mask_per_slot: graphs::static_mask_bytes_per_slot(s, l, tokens),
+            graph_batches: graphs::static_batch_bytes(l, tokens, m),
             graph_pinned: graphs::Pinned::of(l),
         }
     }
@@ -295,7 +292,7 @@ struct StageTally {
     fine_grained_resident: f64,
     fine_grained_moved: f64,
     /// (Decoder layer, micro-batch) pairs in flight, summed over the chunks: the static
-    /// samples Transformer Engine's graphs keep ([`graphs::static_mask_bytes`]).
+    /// samples Transformer Engine's graphs keep ([`graphs::static_mask_bytes_per_slot`]).
     layer_slots: f64,
 }
 

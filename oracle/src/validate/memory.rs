@@ -51,7 +51,7 @@ use super::{
 };
 use crate::error::PlanError;
 use crate::hardware::{HardwareProfile, Vendor};
-use crate::layout::Layout;
+use crate::layout::{CudaGraphImpl, Layout};
 use crate::memory::{self, Band, JobKind, MemoryReport, StageMemory, Verdict};
 use crate::plan::DEFAULT_MEMORY_HEADROOM;
 use crate::profiles::Catalog;
@@ -405,7 +405,6 @@ struct RowMeta {
     outcome: Outcome,
     stage: PeakStage,
     needs_option: Option<String>,
-    peak_predates_graphs: Option<String>,
 }
 
 fn bad(row: &Row, status: RowStatus) -> MemoryRow {
@@ -603,10 +602,10 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> MemoryRow {
     r.framework = meta.framework;
     r.outcome = meta.outcome;
     r.needs_option = meta.needs_option;
-    r.peak_not_compared = meta.peak_predates_graphs;
     r.vendor = Some(scenario.hardware.vendor);
     r.moe = scenario.model.moe.is_some();
     r.layout = checked.layout.label();
+    r.peak_not_compared = peak_predates_graphs(meta.framework, &checked.layout);
     r.notes = checked.notes;
     if let Err(e) = checked.verdict {
         r.status = RowStatus::IllegalLayout(e.to_string());
@@ -764,30 +763,27 @@ fn row_meta(row: &Row) -> Result<RowMeta, String> {
         o => return Err(format!("column peakStage: {o:?} is not max, first or last")),
     };
     let needs_option = needs_option(row)?;
-    let peak_predates_graphs = peak_predates_graphs(row, framework);
     Ok(RowMeta {
         framework,
         outcome,
         stage,
         needs_option,
-        peak_predates_graphs,
     })
 }
 
-/// Why a row's logged peak is not the one the model predicts for its CUDA graphs, if it is
-/// not: Megatron-Core captures Transformer Engine and full-iteration graphs at the start of
-/// step `cuda_graph_warmup_steps` (3; `megatron/training/training.py`, Megatron-Bridge
+/// Why a row's logged peak is not the one the model predicts for its layout's CUDA graphs, if
+/// it is not: Megatron-Core captures Transformer Engine and full-iteration graphs at the start
+/// of step `cuda_graph_warmup_steps` (3; `megatron/training/training.py`, Megatron-Bridge
 /// `training/train.py`), and Megatron-Bridge logs memory once, after iteration 1 (2 since its
 /// #3169, "to include optimizer state memory"), never resetting the peaks
 /// (`training/utils/train_utils.py` `report_memory`): the logged peak is the eager run's,
 /// possibly without the optimizer's states. The row's verdict still counts (its outcome is
 /// the run's, graphs and all).
-fn peak_predates_graphs(row: &Row, framework: Framework) -> Option<String> {
-    let graphs = row.get("cudaGraph");
+fn peak_predates_graphs(framework: Framework, l: &Layout) -> Option<String> {
     let captured_late = matches!(
-        graphs,
-        "te-scoped" | "full-iteration" | "full_iteration" | "transformer_engine"
-    ) || graphs.starts_with("te(");
+        l.cuda_graph.implementation,
+        CudaGraphImpl::TransformerEngine | CudaGraphImpl::FullIteration
+    );
     (framework == Framework::MegatronBridge && captured_late).then(|| {
         "logged after iteration 1 or 2, before its CUDA graphs' capture at step 3 and \
          possibly before the optimizer's states (Megatron-Bridge #3169)"
