@@ -48,9 +48,9 @@ fn ceil_pct(x: f64) -> f64 {
 #[test]
 fn every_row_is_read_and_names_its_source_and_assumptions() {
     let v = validate(MEMORY);
-    assert_eq!(v.rows.len(), 79);
+    assert_eq!(v.rows.len(), 85);
     let ids: std::collections::BTreeSet<&str> = v.rows.iter().map(|r| r.id.as_str()).collect();
-    assert_eq!(ids.len(), 79, "ids are unique");
+    assert_eq!(ids.len(), 85, "ids are unique");
     for r in &v.rows {
         // Only TorchTitan's FSDP + PP rows cannot be projected (Megatron's FSDP has no PP, and
         // their 126 layers need TorchTitan's split): they are reported, not skipped.
@@ -89,7 +89,9 @@ fn every_row_is_read_and_names_its_source_and_assumptions() {
 #[test]
 fn megatron_family_error_gate() {
     // The CI gate on the rows that ran, with a peak, needing no option the model lacks.
-    // Neither of the targets (median <= 5%, max <= 12%) is met: the Primus MoE runs
+    // The median target (<= 5%) is met since Megatron-LM's six CI memory-test rows joined
+    // (26 rows 5.2% -> 32 rows 1.8%; they are within 2.3%, the AMD rows alone stay at 11.7%);
+    // the max target (<= 12%) is not: the Primus MoE runs
     // on MI355X with 32+ GPUs are under-predicted by 12-22% (MP-Q, MP-D1, MP-D2, MP-D4) and
     // the single-node alltoall runs at small micro-batches by 11-23% (MP-V1..V4, a roughly
     // constant 16-19 GiB of device-used memory), which no term of the model explains yet
@@ -110,14 +112,20 @@ fn megatron_family_error_gate() {
         .map(|r| format!("{} {:+.1}%", r.id, 100.0 * r.error().unwrap()))
         .collect();
     let m = v.aggregate(group::MEGATRON).unwrap();
-    assert!(m.rows >= 26, "{table:?}");
-    assert!(m.median_abs_error.unwrap() <= 0.06, "{table:?}");
+    assert!(m.rows >= 32, "{table:?}");
+    assert!(m.median_abs_error.unwrap() <= 0.025, "{table:?}");
     assert!(m.max_abs_error.unwrap() <= 0.24, "{table:?}");
-    // The NVIDIA rows it gates (Megatron-Bridge's optimizer-offload sweep, model state after
-    // the step) are within 1%: the offload fractions' 8 bytes per sharded parameter.
+    // The NVIDIA rows it gates: Megatron-Bridge's optimizer-offload sweep (model state after
+    // the step) within 1%, the offload fractions' 8 bytes per sharded parameter; Megatron-LM's
+    // CI memory tests (a 7B GPT at TP1 PP4 VPP8 and TP4 PP1 on H100, A100 and GB200, allocated
+    // peaks, joined after the model was built: out of sample) within 2.3%.
     let nvidia = v.aggregate(group::MEGATRON_NVIDIA).unwrap();
-    assert_eq!(nvidia.rows, 6);
-    assert!(nvidia.max_abs_error.unwrap() <= 0.01, "{table:?}");
+    assert_eq!(nvidia.rows, 12);
+    assert!(nvidia.max_abs_error.unwrap() <= 0.025, "{table:?}");
+    for r in v.rows.iter().filter(|r| r.id.starts_with("MC-")) {
+        assert!(r.gated(), "{}", r.id);
+        assert_eq!(r.measurements[0].metric, PeakMetric::Allocated, "{}", r.id);
+    }
     for r in v
         .rows
         .iter()

@@ -310,10 +310,23 @@ fn gpt_1t() {
 }
 
 #[test]
+fn mcore_ci_gpt_7b() {
+    // Megatron-LM's CI memory-test GPT (gpt3_7b_*_memory_speed), a GQA variant of the Megatron
+    // GPT layer: h 4096, a 32, g 8, d 128, f 16384. Q h*a*d = 16,777,216; K, V 2*h*g*d =
+    // 8,388,608; QKV bias (a + 2g)*d = 6,144; O 16,777,216 + 4,096; MLP 2*h*f = 134,217,728 +
+    // 20,480; two LayerNorms 16,384: 176,207,872 per layer, x 32 = 5,638,651,904. Untied:
+    // (131073 + 8192 positions)*4096 = 570,429,440 embedding, 131073*4096 = 536,875,008 output,
+    // final LayerNorm 8,192. Its "7b" is the test's label, not a published count: no `within`.
+    let c = card("mcore-ci-gpt-7b");
+    assert_eq!(c.layer_params(LayerKind::Dense).total(), 176_207_872);
+    assert_eq!(c.total_params(), 6_745_964_544);
+}
+
+#[test]
 fn every_preset_has_a_test() {
     let names = Catalog::builtin().unwrap().model_names().len();
     assert_eq!(
-        names, 19,
+        names, 20,
         "a new preset needs its own parameter-count test here"
     );
 }
