@@ -231,6 +231,43 @@ pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Memory-relevant environment settings the memory model does not model: (variable, the value
+/// that matters, what it changes). A job whose container sets one is admitted with a warning
+/// naming it, never denied on memory, like [`UNMODELLED_MEMORY_FLAGS`].
+pub const UNMODELLED_MEMORY_ENV: &[(&str, &str, &str)] = &[(
+    // ROCr (rocm-systems projects/rocr-runtime/runtime/docs/data/env_variables.rst, and
+    // GpuAgent::AcquireQueueMainScratch): with it every scratch (private-segment) request is
+    // sized for the whole device and stays assigned to its hardware queue until the process
+    // exits, "not available to other queues or processes". AMD's Primus MoE scripts set it
+    // (examples/moe_package, later Primus images globally); how much it holds depends on the
+    // kernels' private-segment sizes, which nothing published states (memory.csv MP-V1..V4:
+    // ~18.5 GiB of device-level memory the model does not account for, a candidate).
+    "HSA_NO_SCRATCH_RECLAIM",
+    "1",
+    "ROCm scratch memory kept assigned to each hardware queue for the process's life, outside PyTorch's allocator",
+)];
+
+/// The settings of [`UNMODELLED_MEMORY_ENV`] among `vars` (name, value), each as
+/// `NAME=value` with what it changes; the last value of a repeated name counts, as in a
+/// container's environment.
+pub fn unmodelled_memory_env<'a>(
+    vars: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<(String, &'static str)> {
+    let mut last: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in vars {
+        if let Some(i) = last.iter().position(|(n, _)| *n == name) {
+            last[i].1 = value;
+        } else {
+            last.push((name, value));
+        }
+    }
+    UNMODELLED_MEMORY_ENV
+        .iter()
+        .filter(|(name, on, _)| last.iter().any(|(n, v)| n == name && v.trim() == *on))
+        .map(|(name, on, what)| (format!("{name}={on}"), *what))
+        .collect()
+}
+
 /// Flags that take no value.
 const SWITCHES: &[&str] = &[
     flag::CE_FUSION,
@@ -1611,6 +1648,25 @@ mod tests {
         assert_eq!(
             bad.layout(&llama70()).unwrap_err().field,
             "--hidden-dropout"
+        );
+    }
+
+    #[test]
+    fn unmodelled_memory_env_is_found_only_with_its_value() {
+        let found =
+            unmodelled_memory_env([("HSA_NO_SCRATCH_RECLAIM", "1"), ("NCCL_DEBUG", "INFO")]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, "HSA_NO_SCRATCH_RECLAIM=1");
+        assert!(found[0].1.contains("scratch"));
+        assert!(unmodelled_memory_env([("HSA_NO_SCRATCH_RECLAIM", "0")]).is_empty());
+        assert!(unmodelled_memory_env([("NCCL_DEBUG", "1")]).is_empty());
+        // The last setting of a name counts.
+        assert!(
+            unmodelled_memory_env([
+                ("HSA_NO_SCRATCH_RECLAIM", "1"),
+                ("HSA_NO_SCRATCH_RECLAIM", "0")
+            ])
+            .is_empty()
         );
     }
 

@@ -416,13 +416,20 @@ pub fn derive_spec(
             layout = best;
         }
     }
+    let mut unmodelled = args.unmodelled_memory_flags();
+    if let Some(env) = container.and_then(|c| c.env.as_ref()) {
+        unmodelled.extend(primus_oracle::megatron::unmodelled_memory_env(
+            env.iter()
+                .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or(""))),
+        ));
+    }
     Ok(DerivedJob {
         scenario,
         layout,
         layout_source,
         gpu_source: gpu.source,
         notes,
-        unmodelled: args.unmodelled_memory_flags(),
+        unmodelled,
     })
 }
 

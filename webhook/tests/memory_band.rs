@@ -462,3 +462,41 @@ fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
     let e = derive(&job, &Default::default(), &c).unwrap_err();
     assert!(e.to_string().contains("--exp-avg-dtype"), "{e}");
 }
+
+#[test]
+fn rocm_scratch_retention_in_the_environment_is_named_and_never_denies() {
+    // HSA_NO_SCRATCH_RECLAIM=1 (set by AMD's Primus MoE scripts) keeps every scratch request
+    // assigned to its hardware queue for the process's life: device memory outside PyTorch's
+    // allocator that the model does not count. The job is derived from the example with the
+    // variable in its container's environment; the warning names it, and it is gone at 0.
+    use primus_webhook::pytorchjob::derive;
+    let c = Catalog::builtin().unwrap();
+    let with_env = |value: &str| {
+        let mut job = example("fitting-pytorchjob");
+        for r in job["spec"]["pytorchReplicaSpecs"]
+            .as_object_mut()
+            .unwrap()
+            .values_mut()
+        {
+            r["template"]["spec"]["containers"][0]["env"] = serde_json::json!([
+                {"name": "HSA_NO_SCRATCH_RECLAIM", "value": value}
+            ]);
+        }
+        derive(&job, &Default::default(), &c).expect("derivable")
+    };
+    let d = with_env("1");
+    assert_eq!(d.unmodelled.len(), 1, "{:?}", d.unmodelled);
+    assert_eq!(d.unmodelled[0].0, "HSA_NO_SCRATCH_RECLAIM=1");
+    let v = judge(&d);
+    assert!(v.allowed, "{}", v.message);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("HSA_NO_SCRATCH_RECLAIM=1")
+                && w.contains("scratch")
+                && w.contains("does not model")),
+        "{:?}",
+        v.warnings
+    );
+    assert!(with_env("0").unmodelled.is_empty());
+}
