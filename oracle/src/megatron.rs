@@ -249,22 +249,25 @@ pub const UNMODELLED_MEMORY_ENV: &[(&str, &str, &str)] = &[(
 
 /// The settings of [`UNMODELLED_MEMORY_ENV`] among `vars` (name, value), each as
 /// `NAME=value` with what it changes; the last value of a repeated name counts, as in a
-/// container's environment.
+/// container's environment. One pass, memory bounded by the table, not by `vars` (an
+/// environment comes from an untrusted job).
 pub fn unmodelled_memory_env<'a>(
     vars: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Vec<(String, &'static str)> {
-    let mut last: Vec<(&str, &str)> = Vec::new();
+    let mut set = [false; UNMODELLED_MEMORY_ENV.len()];
     for (name, value) in vars {
-        if let Some(i) = last.iter().position(|(n, _)| *n == name) {
-            last[i].1 = value;
-        } else {
-            last.push((name, value));
+        if let Some(i) = UNMODELLED_MEMORY_ENV
+            .iter()
+            .position(|(n, _, _)| *n == name)
+        {
+            set[i] = value.trim() == UNMODELLED_MEMORY_ENV[i].1;
         }
     }
     UNMODELLED_MEMORY_ENV
         .iter()
-        .filter(|(name, on, _)| last.iter().any(|(n, v)| n == name && v.trim() == *on))
-        .map(|(name, on, what)| (format!("{name}={on}"), *what))
+        .zip(set)
+        .filter(|(_, on)| *on)
+        .map(|((name, value, what), _)| (format!("{name}={value}"), *what))
         .collect()
 }
 
