@@ -231,9 +231,10 @@ pub const UNMODELLED_MEMORY_FLAGS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Memory-relevant environment settings the memory model does not model: (variable, the value
-/// that matters, what it changes). A job whose container sets one is admitted with a warning
-/// naming it, never denied on memory, like [`UNMODELLED_MEMORY_FLAGS`].
+/// Memory-relevant environment settings the memory model does not count and that can only add
+/// memory: (variable, the value that matters, what it adds). A job whose container sets one is
+/// warned, naming it; unlike [`UNMODELLED_MEMORY_FLAGS`] (whose effect may go either way) it
+/// does not stop a denial: with it the prediction is a lower bound of the peak.
 pub const UNMODELLED_MEMORY_ENV: &[(&str, &str, &str)] = &[(
     // ROCr (rocm-systems projects/rocr-runtime/runtime/docs/data/env_variables.rst, and
     // GpuAgent::AcquireQueueMainScratch): with it every scratch (private-segment) request is

@@ -63,6 +63,11 @@ pub struct DerivedJob {
     /// changes ([`primus_oracle::megatron::UNMODELLED_MEMORY_FLAGS`]): the job is never denied on
     /// memory while it carries one.
     pub unmodelled: Vec<(String, &'static str)>,
+    /// Memory-relevant environment settings the memory model does not count and that can only
+    /// add memory ([`primus_oracle::megatron::UNMODELLED_MEMORY_ENV`]): named in a warning
+    /// whatever the verdict; unlike [`DerivedJob::unmodelled`] they do not stop a denial (with
+    /// them the prediction is a lower bound of the peak).
+    pub adds_memory: Vec<(String, &'static str)>,
 }
 
 /// Why a job could not be derived.
@@ -416,20 +421,23 @@ pub fn derive_spec(
             layout = best;
         }
     }
-    let mut unmodelled = args.unmodelled_memory_flags();
-    if let Some(env) = container.and_then(|c| c.env.as_ref()) {
-        unmodelled.extend(primus_oracle::megatron::unmodelled_memory_env(
-            env.iter()
-                .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or(""))),
-        ));
-    }
+    let adds_memory = container
+        .and_then(|c| c.env.as_ref())
+        .map(|env| {
+            primus_oracle::megatron::unmodelled_memory_env(
+                env.iter()
+                    .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or(""))),
+            )
+        })
+        .unwrap_or_default();
     Ok(DerivedJob {
         scenario,
         layout,
         layout_source,
         gpu_source: gpu.source,
         notes,
-        unmodelled,
+        unmodelled: args.unmodelled_memory_flags(),
+        adds_memory,
     })
 }
 

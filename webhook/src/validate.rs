@@ -387,6 +387,13 @@ impl Validator {
                 gib1(m.usable_bytes),
             ));
         }
+        // Settings that only add memory the model does not count: named whatever the verdict
+        // (a denial stands: the real peak is higher still).
+        for (setting, what) in &job.adds_memory {
+            v = v.warn(format!(
+                "primus: the job sets {setting} ({what}), memory the model does not count: the peak can be higher than predicted"
+            ));
+        }
         if verdict != MemoryVerdict::Exceeds {
             for (flag, what) in &job.unmodelled {
                 v = v.warn(format!(

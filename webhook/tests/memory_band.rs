@@ -54,6 +54,7 @@ fn job(s: Scenario, l: Layout) -> DerivedJob {
         gpu_source: String::new(),
         notes: Vec::new(),
         unmodelled: Vec::new(),
+        adds_memory: Vec::new(),
     }
 }
 
@@ -464,7 +465,7 @@ fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
 }
 
 #[test]
-fn rocm_scratch_retention_in_the_environment_is_named_and_never_denies() {
+fn rocm_scratch_retention_in_the_environment_is_named_and_does_not_stop_a_denial() {
     // HSA_NO_SCRATCH_RECLAIM=1 (set by AMD's Primus MoE scripts) keeps every scratch request
     // assigned to its hardware queue for the process's life: device memory outside PyTorch's
     // allocator that the model does not count. The job is derived from the example with the
@@ -485,18 +486,31 @@ fn rocm_scratch_retention_in_the_environment_is_named_and_never_denies() {
         derive(&job, &Default::default(), &c).expect("derivable")
     };
     let d = with_env("1");
-    assert_eq!(d.unmodelled.len(), 1, "{:?}", d.unmodelled);
-    assert_eq!(d.unmodelled[0].0, "HSA_NO_SCRATCH_RECLAIM=1");
+    assert!(d.unmodelled.is_empty(), "{:?}", d.unmodelled);
+    assert_eq!(d.adds_memory.len(), 1, "{:?}", d.adds_memory);
+    assert_eq!(d.adds_memory[0].0, "HSA_NO_SCRATCH_RECLAIM=1");
+    let scratch_warning = |v: &Verdict| {
+        v.warnings.iter().any(|w| {
+            w.contains("HSA_NO_SCRATCH_RECLAIM=1")
+                && w.contains("scratch")
+                && w.contains("does not count")
+        })
+    };
     let v = judge(&d);
     assert!(v.allowed, "{}", v.message);
-    assert!(
-        v.warnings
-            .iter()
-            .any(|w| w.contains("HSA_NO_SCRATCH_RECLAIM=1")
-                && w.contains("scratch")
-                && w.contains("does not model")),
-        "{:?}",
-        v.warnings
-    );
-    assert!(with_env("0").unmodelled.is_empty());
+    assert!(scratch_warning(&v), "{:?}", v.warnings);
+    assert!(with_env("0").adds_memory.is_empty());
+    // Memory it can only add does not turn a denial into an admission, unlike an unmodelled
+    // flag: the same job at a micro-batch size far over usable is still denied, and warned.
+    let (s, l) = gpt_oss_on_b200(1);
+    let big = Layout {
+        micro_batch_size: 4,
+        ..l
+    };
+    let mut over = job(s, big);
+    over.adds_memory = d.adds_memory.clone();
+    let v = judge(&over);
+    assert!(!v.allowed, "{}", v.message);
+    assert_eq!(v.reason, Reason::Oom);
+    assert!(scratch_warning(&v), "{:?}", v.warnings);
 }
