@@ -129,6 +129,12 @@ pub fn table(r: &MemoryReport) -> String {
                 gib(st.step_grad_copy_bytes),
             ));
         }
+        if st.pipeline_inputs_bytes > 0.0 {
+            out.push_str(&format!(
+                "Between iterations the stage keeps {:.2} GiB of pipeline inputs (each model chunk's last received input and its gradient), beside the optimizer step too.\n",
+                gib(st.pipeline_inputs_bytes),
+            ));
+        }
         if st.graph_static_bytes > 0.0 {
             out.push_str(&format!(
                 "Of the other bytes, {:.2} GiB are the CUDA graphs' static samples (attention masks, batch copies); the graphs' pools keep their activations from the optimizer step.\n",

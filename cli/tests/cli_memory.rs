@@ -78,6 +78,31 @@ fn the_optimizer_steps_gradient_copy_is_named_not_added_to_the_peak() {
 }
 
 #[test]
+fn the_pipeline_inputs_kept_between_iterations_are_named() {
+    // Megatron-LM's CI memory-test GPT (memory.csv MC-tp1-pp4-*) at TP1 PP4 VPP4, MBS 1,
+    // sequence 8192 on 8 H100: each chunk fed by the previous stage keeps its last input and
+    // that input's gradient, 2 x 8192 x 4096 x 2 B = 128 MiB; the first stage has 3 such
+    // chunks (its first reads data), the last stage 4.
+    let plan = plan_file(
+        "spec:\n  model: {preset: mcore-ci-gpt-7b}\n  cluster: {gpu: h100-sxm, gpus: 8}\n  training: {seqLength: 8192, globalBatchSize: 8}\n  parallelism: {tp: 1, pp: 4, vpp: 4, schedule: interleaved, microBatchSize: 1, sequenceParallel: false}\n",
+    );
+    let run = |fmt: &str| memory_output(plan.path(), fmt);
+    let v: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    let stages = v["memory"]["stages"].as_array().unwrap();
+    let kept = |i: usize| stages[i]["pipelineInputsBytes"].as_f64().unwrap();
+    let pair = 2.0 * 8192.0 * 4096.0 * 2.0;
+    assert_eq!(kept(0), 3.0 * pair);
+    assert_eq!(kept(3), 4.0 * pair);
+    let text = run("table");
+    assert!(
+        text.contains(
+            "GiB of pipeline inputs (each model chunk's last received input and its gradient)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_shared_expert_side_stream_pools_are_named_and_in_the_other_bytes() {
     // DeepSeek-V2-Lite on 8 MI355X, EP8, MBS 12, alltoall with shared-expert overlap on a
     // Megatron-Core that gives each MoE layer its own stream (memory.csv MP-V6): 26 pools of

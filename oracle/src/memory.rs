@@ -106,6 +106,16 @@ pub struct StageMemory {
     /// the activations (see [`optimizer`]); in the total only where it exceeds the
     /// activations and buffers it replaces (that excess is part of the other bytes).
     pub step_grad_copy_bytes: f64,
+    /// The inputs this rank received from the previous pipeline stage that outlive the step:
+    /// each model chunk fed by the previous stage keeps its last micro-batch's input (Megatron
+    /// `TransformerBlock.set_input_tensor` stores it as `input_tensor`, cleared only by the
+    /// next call) and that input's gradient (`schedules.backward_step` calls `retain_grad`), so
+    /// two hidden states per such chunk are allocated from the last backward to the chunk's
+    /// first forward of the next iteration: beside the optimizer step (which they join, like
+    /// [`StageMemory::step_grad_copy_bytes`], only by their excess over the activations) and in
+    /// the memory allocated between iterations. None at pp = 1 and on the first chunk of the
+    /// first stage.
+    pub pipeline_inputs_bytes: f64,
     pub activations_bytes: f64,
     pub other_bytes: f64,
     pub total_bytes: f64,

@@ -74,7 +74,7 @@ fn the_oom_example_is_denied_with_numbers_and_a_suggestion() {
     assert!(m.contains("; fits with --"), "no suggestion in {m}");
     // The denial states the measured error band it is beyond.
     assert!(
-        m.contains("beyond the memory model's measured error band -6%/+11% (Megatron dense jobs)"),
+        m.contains("beyond the memory model's measured error band -3%/+11% (Megatron dense jobs)"),
         "{m}"
     );
     assert_eq!(a["response"]["status"]["code"], 403);

@@ -349,7 +349,14 @@ impl Ctx<'_> {
             graphs::Pinned::Layers => activations - t.activations + buffers,
             graphs::Pinned::Everything => 0.0,
         };
-        let step_excess = (state.step_grad_copy - reusable).max(0.0);
+        // The pipeline inputs each chunk keeps from its last micro-batch (with their
+        // gradients) are allocated through the optimizer step as well; under a full-iteration
+        // graph they are the graph's static receive buffers, inside its pool's activations.
+        let pipeline_inputs = match self.graph_pinned {
+            graphs::Pinned::Everything => 0.0,
+            graphs::Pinned::Nothing | graphs::Pinned::Layers => self.pipeline_inputs(rank),
+        };
+        let step_excess = (state.step_grad_copy + pipeline_inputs - reusable).max(0.0);
         let tensors = state.weights
             + state.gradients
             + state.optimizer
@@ -379,6 +386,7 @@ impl Ctx<'_> {
             gradients_bytes: state.gradients,
             optimizer_bytes: state.optimizer,
             step_grad_copy_bytes: state.step_grad_copy,
+            pipeline_inputs_bytes: pipeline_inputs,
             activations_bytes: activations,
             other_bytes: other,
             // Summed in this order so that a total without the dispatcher plus its bytes is
@@ -399,6 +407,19 @@ impl Ctx<'_> {
             allocated_bytes: tensors,
             reserved_bytes: reserved,
         }
+    }
+
+    /// Bytes of the inputs received from the previous pipeline stage that rank `rank` keeps
+    /// between iterations ([`StageMemory::pipeline_inputs_bytes`]): per model chunk fed by the
+    /// previous stage (every chunk but the first stage's first), its last micro-batch's input
+    /// and that input's gradient, each one P2P tensor `[s / (cp * tp_sp), mbs, h]` in BF16
+    /// (Megatron `p2p_communication`'s tensor shape).
+    fn pipeline_inputs(&self, rank: u32) -> f64 {
+        if self.l.pp <= 1 {
+            return 0.0;
+        }
+        let fed = self.chunks - u32::from(rank == 0);
+        fed as f64 * 2.0 * self.tokens / self.tp_sp * self.h * ACT_BYTES
     }
 
     /// Add chunk `c` of `rank`, which keeps `count` micro-batches in flight, to the tally.

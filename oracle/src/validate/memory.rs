@@ -179,7 +179,11 @@ impl PeakMetric {
             PeakMetric::Reserved => st.reserved_bytes,
             PeakMetric::DeviceUsed => st.total_bytes + runtime_reserve,
             PeakMetric::AfterStep => {
-                st.weights_bytes + st.gradients_bytes + st.optimizer_bytes + st.step_grad_copy_bytes
+                st.weights_bytes
+                    + st.gradients_bytes
+                    + st.optimizer_bytes
+                    + st.step_grad_copy_bytes
+                    + st.pipeline_inputs_bytes
             }
         }
     }
