@@ -422,15 +422,12 @@ fn memory_options_and_the_allocator_environment_are_read_from_the_job() {
          --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype bf16 \
          --exp-avg-sq-dtype bf16 --cuda-graph-impl transformer_engine --enable-cuda-graph",
     );
-    for r in job["spec"]["pytorchReplicaSpecs"]
-        .as_object_mut()
-        .unwrap()
-        .values_mut()
-    {
-        r["template"]["spec"]["containers"][0]["env"] = serde_json::json!([
+    set_env(
+        &mut job,
+        serde_json::json!([
             {"name": "PYTORCH_HIP_ALLOC_CONF", "value": "expandable_segments:True"}
-        ]);
-    }
+        ]),
+    );
     let c = Catalog::builtin().unwrap();
     let d = derive(&job, &Default::default(), &c).expect("derivable");
     assert_eq!(d.layout.hidden_dropout, Fraction::ZERO);
@@ -474,15 +471,10 @@ fn rocm_scratch_retention_in_the_environment_is_named_and_does_not_stop_a_denial
     let c = Catalog::builtin().unwrap();
     let with_env = |value: &str| {
         let mut job = example("fitting-pytorchjob");
-        for r in job["spec"]["pytorchReplicaSpecs"]
-            .as_object_mut()
-            .unwrap()
-            .values_mut()
-        {
-            r["template"]["spec"]["containers"][0]["env"] = serde_json::json!([
-                {"name": "HSA_NO_SCRATCH_RECLAIM", "value": value}
-            ]);
-        }
+        set_env(
+            &mut job,
+            serde_json::json!([{"name": "HSA_NO_SCRATCH_RECLAIM", "value": value}]),
+        );
         derive(&job, &Default::default(), &c).expect("derivable")
     };
     let d = with_env("1");

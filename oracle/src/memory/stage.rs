@@ -350,12 +350,8 @@ impl Ctx<'_> {
             graphs::Pinned::Everything => 0.0,
         };
         // The pipeline inputs each chunk keeps from its last micro-batch (with their
-        // gradients) are allocated through the optimizer step as well; under a full-iteration
-        // graph they are the graph's static receive buffers, inside its pool's activations.
-        let pipeline_inputs = match self.graph_pinned {
-            graphs::Pinned::Everything => 0.0,
-            graphs::Pinned::Nothing | graphs::Pinned::Layers => self.pipeline_inputs(rank),
-        };
+        // gradients) are allocated through the optimizer step as well.
+        let pipeline_inputs = self.pipeline_inputs(rank);
         let step_excess = (state.step_grad_copy + pipeline_inputs - reusable).max(0.0);
         let tensors = state.weights
             + state.gradients
@@ -413,9 +409,10 @@ impl Ctx<'_> {
     /// between iterations ([`StageMemory::pipeline_inputs_bytes`]): per model chunk fed by the
     /// previous stage (every chunk but the first stage's first), its last micro-batch's input
     /// and that input's gradient, each one P2P tensor `[s / (cp * tp_sp), mbs, h]` in BF16
-    /// (Megatron `p2p_communication`'s tensor shape).
+    /// (Megatron `p2p_communication`'s tensor shape). None under a full-iteration graph: there
+    /// they are the graph's static receive buffers, inside its pool's activations.
     fn pipeline_inputs(&self, rank: u32) -> f64 {
-        if self.l.pp <= 1 {
+        if self.l.pp <= 1 || matches!(self.graph_pinned, graphs::Pinned::Everything) {
             return 0.0;
         }
         let fed = self.chunks - u32::from(rank == 0);

@@ -58,6 +58,17 @@ pub fn edit_script(job: &mut Value, from: &str, to: &str) {
     }
 }
 
+/// Set the environment of every replica's `pytorch` container to `env` (a JSON list of
+/// `{name, value}`).
+pub fn set_env(job: &mut Value, env: Value) {
+    let specs = job["spec"]["pytorchReplicaSpecs"]
+        .as_object_mut()
+        .expect("replica specs");
+    for (_, r) in specs.iter_mut() {
+        r["template"]["spec"]["containers"][0]["env"] = env.clone();
+    }
+}
+
 /// Set the parallelism flags of an example job (replacing the example's own).
 pub fn set_layout_flags(job: &mut Value, flags: &str) {
     let specs = job["spec"]["pytorchReplicaSpecs"]
