@@ -30,6 +30,12 @@ pub struct Args {
     /// peakStage, ...); a throughput CSV is read as rows that ran ("fits" rows).
     #[arg(long)]
     pub memory: bool,
+    /// With --memory: a file of peaks measured on every pipeline rank of runs of FILE
+    /// (oracle/tests/data/memory-ranks.csv's columns: id, rank, metric, measuredPercent), each
+    /// series compared with the model's stages of its run: rank correlation, the least-squares
+    /// line measured = offset + slope x predicted, and the median difference.
+    #[arg(long, value_name = "RANKS", requires = "memory")]
+    pub ranks: Option<PathBuf>,
     /// Fail (exit 1) when the median absolute error exceeds this many percent (with --memory:
     /// of the Megatron-family rows).
     #[arg(long, value_name = "PCT")]

@@ -151,6 +151,63 @@ fn cli_validate_memory_reports_rows_aggregates_and_gates() {
     );
 }
 
+/// `primus validate --memory FILE --ranks RANKS`: the per-pipeline-rank series after the
+/// memory table, in JSON under `ranks`; `--ranks` without `--memory` is refused.
+#[test]
+fn cli_validate_memory_ranks_prints_each_series() {
+    let memory = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/memory.csv"
+    );
+    let ranks = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../oracle/tests/data/memory-ranks.csv"
+    );
+    let text = primus_ok(&["validate", "--memory", memory, "--ranks", ranks]);
+    let section = text
+        .split("Per pipeline rank")
+        .nth(1)
+        .expect("the per-rank section");
+    for id in ["MP-D1", "MP-D2", "MP-D3", "MP-D4"] {
+        assert!(
+            section.contains(&format!("  {id} ")),
+            "no {id} in {section}"
+        );
+    }
+    assert!(
+        section.contains("rank:measured/predicted GiB 0:"),
+        "{section}"
+    );
+    assert!(
+        section.contains("not compared: needs the recompute layer IDs"),
+        "{section}"
+    );
+    let json = primus()
+        .args([
+            "validate", "--memory", memory, "--ranks", ranks, "-o", "json",
+        ])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let series = v["ranks"].as_array().expect("ranks");
+    assert_eq!(series.len(), 4);
+    let d1 = series.iter().find(|s| s["id"] == "MP-D1").unwrap();
+    assert_eq!(d1["points"].as_array().unwrap().len(), 16);
+    assert!(d1["slope"].as_f64().is_some() && d1["spearman"].as_f64().is_some());
+    // Without a rank file the JSON has no `ranks` (the set's format is unchanged).
+    let plain = primus()
+        .args(["validate", "--memory", memory, "-o", "json"])
+        .output()
+        .expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("json");
+    assert!(v.get("ranks").is_none());
+    let bad = primus()
+        .args(["validate", memory, "--ranks", ranks])
+        .output()
+        .expect("runs");
+    assert!(!bad.status.success());
+}
+
 /// `primus validate --ablate`: which modeled MoE option moves which row. On the published
 /// file's MoE rows: N20 (Mixtral 8x22B, NeMo 25.02, token drop with padding) lists its capacity
 /// factor and dispatcher, the per-option summary follows, and the JSON has the same rows; the

@@ -4,6 +4,7 @@
 
 use primus_oracle::memory::Verdict;
 use primus_oracle::validate::RowStatus;
+use primus_oracle::validate::memory::ranks::{RankSeries, validate_ranks_files};
 use primus_oracle::validate::memory::{
     Aggregate, Agreement, MemoryRow, MemoryValidation, group, validate_memory_file,
 };
@@ -154,6 +155,44 @@ pub fn table(v: &MemoryValidation) -> String {
     out
 }
 
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The per-rank section: one line per series, then its ranks' measured / predicted GiB.
+fn ranks_table(series: &[RankSeries]) -> String {
+    let mut out = String::from(
+        "\nPer pipeline rank (measured = offset + slope x predicted, least squares over the ranks):\n",
+    );
+    for s in series {
+        out.push_str(&format!(
+            "  {:<8} {:<9} {:>2} ranks  rho {:>5}  slope {:>5}  offset {:>6} GiB  median measured - predicted {:>6} GiB\n",
+            s.id,
+            s.metric.as_str(),
+            s.points.len(),
+            opt(s.spearman, 2),
+            opt(s.slope, 3),
+            opt(s.offset_gib, 1),
+            opt(s.median_difference_gib, 1),
+        ));
+        out.push_str(&format!("           layout: {}\n", s.layout));
+        let pairs: Vec<String> = s
+            .points
+            .iter()
+            .map(|p| format!("{}:{:.0}/{:.0}", p.rank, p.measured_gib, p.predicted_gib))
+            .collect();
+        out.push_str(&format!(
+            "           rank:measured/predicted GiB {}\n",
+            pairs.join(" ")
+        ));
+        if let Some(n) = &s.not_compared {
+            out.push_str(&format!("           not compared: {n}\n"));
+        }
+    }
+    out
+}
+
 fn list(ids: &[String]) -> String {
     if ids.is_empty() {
         String::new()
@@ -170,10 +209,18 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             "validate --memory takes one FILE (the memory set or a throughput CSV)".into(),
         ));
     };
-    let v = validate_memory_file(file, &c)?;
+    let mut v = validate_memory_file(file, &c)?;
+    if let Some(ranks) = &args.ranks {
+        v.ranks = validate_ranks_files(file, ranks, &c)?;
+    }
     match args.output {
         Output::Json => print_json(&v)?,
-        Output::Table => print!("{}", table(&v)),
+        Output::Table => {
+            print!("{}", table(&v));
+            if !v.ranks.is_empty() {
+                print!("{}", ranks_table(&v.ranks));
+            }
+        }
     }
     let mut failures = Vec::new();
     let megatron = v.aggregate(group::MEGATRON);

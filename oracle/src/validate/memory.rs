@@ -58,6 +58,8 @@ use crate::profiles::Catalog;
 use crate::scenario::Scenario;
 use crate::units::GIB;
 
+pub mod ranks;
+
 /// The columns every row must have (a throughput CSV has them too).
 pub const REQUIRED_COLUMNS: &[&str] = &[
     "id",
@@ -161,6 +163,11 @@ impl PeakMetric {
             PeakMetric::DeviceUsed => "device",
             PeakMetric::AfterStep => "after-step",
         }
+    }
+
+    /// The metric named by [`PeakMetric::as_str`].
+    pub fn parse(s: &str) -> Option<PeakMetric> {
+        Self::PRIORITY.into_iter().find(|m| m.as_str() == s)
     }
 
     /// The primary metric of a row is the first of these it gives.
@@ -337,6 +344,10 @@ pub struct MemoryValidation {
     pub missed_ooms: Vec<String>,
     /// Rows that could not be projected.
     pub failed: usize,
+    /// Runs measured on every pipeline rank (`--ranks`), against the model's stages
+    /// ([`ranks`]); absent when no rank file was given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<ranks::RankSeries>,
 }
 
 impl MemoryValidation {
@@ -911,5 +922,6 @@ fn summarize(rows: Vec<MemoryRow>) -> MemoryValidation {
         failed: rows.iter().filter(|r| r.status != RowStatus::Ok).count(),
         aggregates,
         rows,
+        ranks: Vec::new(),
     }
 }
