@@ -353,6 +353,19 @@ fn a_file_that_never_ends_is_refused_not_read_whole() {
         ),
         (vec!["validate", "/dev/zero"], "64 MiB"),
         (vec!["validate", "--memory", "/dev/zero"], "64 MiB"),
+        (
+            vec![
+                "validate",
+                "--memory",
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../oracle/tests/data/memory.csv"
+                ),
+                "--ranks",
+                "/dev/zero",
+            ],
+            "64 MiB",
+        ),
     ] {
         let out = capped(&args);
         let err = String::from_utf8_lossy(&out.stderr);
