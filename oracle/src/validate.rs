@@ -24,6 +24,11 @@
 //! (NVIDIA NeMo `scripts/performance` sets `grad_reduce_in_fp32 = False`, Megatron-Bridge's
 //! performance configs likewise), while a TrainingPlan's layout defaults to Megatron-LM's FP32
 //! gradients with `--bf16`.
+//!
+//! FP8 recipe: an FP8 row without an `fp8Recipe` cell runs the recipe NVIDIA's performance tables
+//! run on its GPU (MXFP8 on Blackwell, per-tensor current scaling on Hopper; AMD rows keep
+//! Megatron-LM's delayed scaling), `csv::row_fp8_recipe`; a TrainingPlan's layout keeps
+//! Megatron-LM's default, which a job without the flag runs.
 
 use std::collections::BTreeMap;
 
@@ -36,8 +41,8 @@ pub mod memory;
 mod stats;
 
 use csv::{
-    CheckedLayout, Row, check_with_balanced_split, figure, measured_figure, positive, row_layout,
-    row_measurement, row_scenario,
+    CheckedLayout, Row, check_with_balanced_split, figure, measured_figure, positive,
+    row_fp8_recipe, row_layout, row_measurement, row_scenario,
 };
 pub use csv::{
     LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
@@ -48,6 +53,7 @@ pub use stats::{Aggregate, RankGroup, spearman};
 
 use crate::bounds::limits;
 use crate::error::PlanError;
+use crate::precision::Precision;
 use crate::profiles::Catalog;
 use crate::projection::{self, Breakdown, Projection};
 
@@ -372,10 +378,13 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
         Ok(s) => s,
         Err(status) => return (empty_result(row, status), None),
     };
-    let layout = match row_layout(row, header, scenario.model.moe.is_some()) {
+    let mut layout = match row_layout(row, header, scenario.model.moe.is_some()) {
         Ok(l) => l,
         Err(e) => return bad(e),
     };
+    if layout.fp8_recipe.is_none() && scenario.training.precision == Precision::Fp8 {
+        layout.fp8_recipe = row_fp8_recipe(&scenario.hardware);
+    }
     let (metric, measured) = match row_measurement(row) {
         Ok(m) => m,
         Err(e) => return bad(e),

@@ -260,6 +260,54 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
     );
 }
 
+/// An FP8 row without an `fp8Recipe` cell runs the recipe the published tables run on its GPU
+/// (`validate::csv::row_fp8_recipe`): MX block scaling on Blackwell, per-tensor current
+/// scaling on Hopper (which the time model prices as delayed scaling), Megatron's delayed
+/// scaling on AMD. Row N10 (DeepSeek-V3 on 256 B200,
+/// Megatron-Bridge 25.11, the table says MXFP8) in the shared table's columns projects as the
+/// same row with `fp8Recipe` mxfp8 written out, not as delayed scaling; a written cell wins.
+#[test]
+fn fp8_rows_without_a_recipe_run_the_published_tables_recipe() {
+    let c = Catalog::builtin().expect("catalog");
+    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes,fp8Recipe";
+    let rows = [
+        (
+            "b200",
+            "deepseek-v3,b200,256,8,fp8,4096,2048,1,1,16,1,1,8,1",
+            "mxfp8",
+        ),
+        (
+            "h100",
+            "qwen3-30b-a3b,h100-sxm,16,8,fp8,4096,512,2,1,2,1,1,8,1",
+            "tensorwise",
+        ),
+        (
+            "mi355x",
+            "mixtral-8x22b,mi355x,32,8,fp8,8192,256,1,1,4,1,1,8,1",
+            "delayed",
+        ),
+    ];
+    let project = |cells: &str, recipe: &str| {
+        let text = format!("{header}\nR,x,{cells},none,true,false,1f1b,1000,,,{recipe}\n");
+        let r = validate_text_with(&text, &c, Options { refit: false }).expect("valid");
+        r.rows[0]
+            .projected
+            .unwrap_or_else(|| panic!("{cells}: {:?}", r.rows[0].status))
+    };
+    for (gpu, cells, published) in rows {
+        assert_eq!(
+            project(cells, ""),
+            project(cells, published),
+            "{gpu}: {published}"
+        );
+    }
+    // On Blackwell the recipe is a different job: MXFP8 quantizes a GEMM input in one fused
+    // kernel against per-tensor scaling's three launches (`Fp8Recipe::quantize_launches`), so
+    // the row projects faster than with delayed scaling: the default is not delayed there.
+    let (_, b200, _) = rows[0];
+    assert!(project(b200, "") > project(b200, "delayed"));
+}
+
 /// Which modeled option moves which row (`primus validate --ablate`): every MoE row of the
 /// gated files projected again with one option at Megatron's default. Each effect is the
 /// projection of the reverted layout (checked here against an independent projection), and

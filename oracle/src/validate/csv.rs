@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{Metric, RowStatus};
+use crate::backend::Fp8Recipe;
 use crate::bounds::limits;
 use crate::layout::Layout;
 use crate::parse::from_value_at;
@@ -126,6 +127,25 @@ const ROW_MOE_DEFAULTS: &[(&str, &str)] = &[
     ("permuteFusion", "true"),
     ("forceLoadBalancing", "true"),
 ];
+
+/// FP8 recipe of an FP8 row whose `fp8Recipe` cell (or column) is empty: the recipe the
+/// published performance tables run on the row's GPU, not Megatron-LM's bare default (delayed
+/// scaling), which a TrainingPlan's layout keeps because a job without the flag runs it.
+/// NVIDIA's tables run MX block scaling on Blackwell ("FP8-MX": 103 of the 113 Blackwell FP8
+/// MoE rows whose recipe is written out in published.csv, extra.csv, moe.csv and
+/// moe-nongated.csv; the other ten are NeMo 25.0x rows) and per-tensor current scaling on
+/// Hopper ("FP8-CS": all 14 Hopper ones); AMD's Primus rows name no recipe consistently (4
+/// delayed, 4 current scaling), so they keep Megatron's default. None: the layout's default.
+pub(super) fn row_fp8_recipe(hw: &crate::hardware::HardwareProfile) -> Option<Fp8Recipe> {
+    if hw.vendor != crate::hardware::Vendor::Nvidia {
+        return None;
+    }
+    Some(if hw.supports_fp8_recipe(Fp8Recipe::Mxfp8) {
+        Fp8Recipe::Mxfp8
+    } else {
+        Fp8Recipe::Tensorwise
+    })
+}
 
 /// Split CSV text into records (RFC 4180: quoted fields may hold commas, doubled quotes and
 /// newlines). Returns (line number of the record's start, fields).
