@@ -45,8 +45,8 @@ use csv::{
     row_fp8_recipe, row_layout, row_measurement, row_scenario,
 };
 pub use csv::{
-    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, parse_csv,
-    seconds_per_iteration,
+    LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, most_even_split,
+    parse_csv, seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
 pub use stats::{Aggregate, RankGroup, spearman};

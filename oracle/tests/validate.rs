@@ -3,8 +3,8 @@
 
 use primus_oracle::profiles::Catalog;
 use primus_oracle::validate::{
-    Metric, Options, RowStatus, embedding_and_loss_split, parse_csv, seconds_per_iteration,
-    validate_text, validate_text_with,
+    Metric, Options, RowStatus, embedding_and_loss_split, most_even_split, parse_csv,
+    seconds_per_iteration, validate_text, validate_text_with,
 };
 
 const PUBLISHED: &str = include_str!("data/published.csv");
@@ -178,6 +178,45 @@ fn embedding_and_loss_count_as_layers_in_the_uneven_split() {
     assert_eq!(stages[15], "ttmL");
     // 80 + 2 slots do not split over 8 stages.
     assert_eq!(embedding_and_loss_split(80, 0, 8, 1), None);
+}
+
+/// When not even the embedding and the loss make the split even, a row that names no layout
+/// gets the most even one, its larger stages first: Kimi-K2's 61 layers + E + L = 63 slots
+/// over pp 4 x vpp 4 = 16 stages are 15 stages of 4 and a last of 3 (the loss's stage the
+/// lighter); DeepSeek-V3 without MTP over 8 stages, 7 of 8 and a last of 7.
+#[test]
+fn a_split_that_no_slot_count_evens_is_the_most_even_one() {
+    let s = most_even_split(61, 0, 4, 4).expect("splits");
+    let stages: Vec<&str> = s.split('|').collect();
+    assert_eq!(stages.len(), 16);
+    assert_eq!(stages[0], "Ettt");
+    assert!(stages[1..15].iter().all(|st| *st == "tttt"), "{s}");
+    assert_eq!(stages[15], "ttL");
+    assert_eq!(s.matches('t').count(), 61);
+    let s = most_even_split(61, 0, 2, 4).expect("splits");
+    let sizes: Vec<usize> = s.split('|').map(str::len).collect();
+    assert_eq!(sizes, [8, 8, 8, 8, 8, 8, 8, 7]);
+    // MTP layers stay on the last stage with the loss, or there is no split.
+    let s = most_even_split(61, 1, 3, 7).expect("splits");
+    assert!(s.ends_with("mL") && !s[..s.len() - 2].contains('m'), "{s}");
+    assert_eq!(most_even_split(10, 3, 8, 1), None);
+    // More stages than slots, or a single stage: none.
+    assert_eq!(most_even_split(4, 0, 8, 1), None);
+    assert_eq!(most_even_split(61, 0, 1, 1), None);
+    // The rows it lets project say so: Kimi-K2 on 256 GB300 (Megatron-Bridge 26.06, TP1 PP4
+    // VPP4 EP64, MBS 2) in the shared table's columns, which name no layout.
+    let c = Catalog::builtin().expect("catalog");
+    let text = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes\nK,x,kimi-k2,gb300,256,4,fp8,4096,4096,2,1,4,4,1,64,1,none,true,false,interleaved,5372,,\n";
+    let r = validate_text_with(text, &c, Options { refit: false }).expect("valid");
+    assert_eq!(r.rows[0].status, RowStatus::Ok);
+    assert!(
+        r.rows[0]
+            .notes
+            .iter()
+            .any(|n| n.contains("the most even one is assumed (Ettt|")),
+        "{:?}",
+        r.rows[0].notes
+    );
 }
 
 #[test]

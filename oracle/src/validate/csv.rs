@@ -232,6 +232,48 @@ pub fn embedding_and_loss_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Opt
     crate::layout::even_split_layout(layers, mtp, pp.max(1) * vpp.max(1), slots)
 }
 
+/// The most even split of a run whose layers do not split evenly over its `pp * vpp` virtual
+/// stages even with the embedding and the loss counted as one layer each: the embedding, the
+/// decoder layers, the MTP layers and the loss, in model order, each taking a slot, the first
+/// `slots % stages` stages one slot more than the others (so the loss's stage is the lighter,
+/// as the published recipes' layouts make it). A published row names no layout while its run
+/// had to set one (Megatron refuses an uneven split without it); this is the assumption, noted
+/// on the row. `None` with fewer than two stages, fewer slots than stages, or MTP layers that
+/// would leave the last stage (Megatron builds them there).
+pub fn most_even_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Option<String> {
+    let stages = (pp.max(1) as usize).checked_mul(vpp.max(1) as usize)?;
+    let count = layers as usize + mtp as usize + 2;
+    if stages < 2 || count < stages {
+        return None;
+    }
+    let (base, extra) = (count / stages, count % stages);
+    let last_size = base;
+    if mtp as usize + 1 > last_size {
+        return None;
+    }
+    let mut text = String::with_capacity(count + stages);
+    let mut placed = 0usize;
+    for stage in 0..stages {
+        if stage > 0 {
+            text.push('|');
+        }
+        let size = base + usize::from(stage < extra);
+        for slot in placed..placed + size {
+            text.push(if slot == 0 {
+                'E'
+            } else if slot <= layers as usize {
+                't'
+            } else if slot < count - 1 {
+                'm'
+            } else {
+                'L'
+            });
+        }
+        placed += size;
+    }
+    Some(text)
+}
+
 pub(super) struct Row<'a> {
     pub(super) line: usize,
     pub(super) cells: BTreeMap<&'a str, &'a str>,
@@ -519,7 +561,8 @@ pub(super) struct CheckedLayout {
 }
 
 /// Check the layout; when its layers do not split evenly over the stages and the row gives
-/// no split of its own, retry with the embedding and the loss counted as one layer each.
+/// no split of its own, retry with the embedding and the loss counted as one layer each, and
+/// failing that with the most even split ([`most_even_split`]).
 pub(super) fn check_with_balanced_split(
     row: &Row,
     scenario: &Scenario,
@@ -531,11 +574,13 @@ pub(super) fn check_with_balanced_split(
         .iter()
         .any(|c| !row.get(c).is_empty());
     let verdict = layout.check(scenario);
+    let even = embedding_and_loss_split(card.layers, card.mtp_layers, layout.pp, layout.vpp);
+    let most_even = even.is_none();
     if let Err(e) = &verdict
         && e.rule == "pp-divides-layers"
         && !explicit_split
         && let Some(text) =
-            embedding_and_loss_split(card.layers, card.mtp_layers, layout.pp, layout.vpp)
+            even.or_else(|| most_even_split(card.layers, card.mtp_layers, layout.pp, layout.vpp))
         && let Ok(pl) = crate::layout::PipelineLayout::parse(&text)
     {
         // The published recipes split such models with Megatron's
@@ -552,11 +597,20 @@ pub(super) fn check_with_balanced_split(
             };
         }
         {
-            notes.push(format!(
-                "{} layers do not split evenly over pp*vpp = {}: embedding and loss counted as one layer each in the pipeline split",
-                card.layers + card.mtp_layers,
-                layout.pp * layout.vpp
-            ));
+            notes.push(if most_even {
+                format!(
+                    "{} layers do not split evenly over pp*vpp = {}, not even with embedding and loss counted as one layer each: the row names no layout, so the most even one is assumed ({})",
+                    card.layers + card.mtp_layers,
+                    layout.pp * layout.vpp,
+                    text
+                )
+            } else {
+                format!(
+                    "{} layers do not split evenly over pp*vpp = {}: embedding and loss counted as one layer each in the pipeline split",
+                    card.layers + card.mtp_layers,
+                    layout.pp * layout.vpp
+                )
+            });
             return CheckedLayout {
                 layout: l2,
                 verdict: Ok(()),
