@@ -389,7 +389,7 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
         Ok(m) => m,
         Err(e) => return bad(e),
     };
-    let checked = check_with_balanced_split(row, &scenario, layout);
+    let checked = check_with_balanced_split(row, &scenario, layout, true);
     let mut result = empty_result(row, RowStatus::Ok);
     result.moe = scenario.model.moe.is_some();
     result.layout = checked.layout.label();

@@ -219,6 +219,42 @@ fn a_split_that_no_slot_count_evens_is_the_most_even_one() {
     );
 }
 
+/// A published FSDP run with expert parallelism ran as Megatron-FSDP: torch FSDP2 refuses EP
+/// in Megatron-LM (`arguments.py`). Megatron-MoE-ModelZoo's Qwen3-235B on 256 H100 (TP2 EP8,
+/// MBS 4, full recompute, moe-nongated.csv MZ-q235-h100-mfsdp-ep8) in the shared table's
+/// columns, which have `fsdp` but no FSDP kind, projects as Megatron-FSDP with a note; a
+/// written `fsdpKind: torch` is refused as before.
+#[test]
+fn an_fsdp_row_with_expert_parallelism_is_megatron_fsdp() {
+    let c = Catalog::builtin().expect("catalog");
+    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+    let cells =
+        "qwen3-235b-a22b,h100-sxm,256,8,bf16,4096,2048,4,2,1,1,1,8,1,full,false,true,1f1b,1862,,";
+    let r = validate_text_with(
+        &format!("{header}\nZ,x,{cells}\n"),
+        &c,
+        Options { refit: false },
+    )
+    .expect("valid");
+    assert_eq!(r.rows[0].status, RowStatus::Ok);
+    assert!(r.rows[0].layout.contains("mfsdp"), "{}", r.rows[0].layout);
+    assert!(
+        r.rows[0]
+            .notes
+            .iter()
+            .any(|n| n.contains("Megatron-FSDP is assumed")),
+        "{:?}",
+        r.rows[0].notes
+    );
+    let torch = format!("{header},fsdpKind\nZ,x,{cells},torch\n");
+    let r = validate_text_with(&torch, &c, Options { refit: false }).expect("valid");
+    assert!(
+        matches!(&r.rows[0].status, RowStatus::IllegalLayout(m) if m.contains("expert parallelism")),
+        "{:?}",
+        r.rows[0].status
+    );
+}
+
 #[test]
 fn rows_reduce_gradients_in_bf16_unless_a_column_says_fp32() {
     // Mixtral 8x7B on 64 B200, TP1 PP1 EP8 (published row N19): every GPU reduces its

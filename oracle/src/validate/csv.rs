@@ -563,13 +563,31 @@ pub(super) struct CheckedLayout {
 /// Check the layout; when its layers do not split evenly over the stages and the row gives
 /// no split of its own, retry with the embedding and the loss counted as one layer each, and
 /// failing that with the most even split ([`most_even_split`]).
+///
+/// With `infer_fsdp` (a Megatron-family row), a row with `fsdp` and no `fsdpKind` cell whose
+/// layout only Megatron-FSDP runs (expert or pipeline parallelism, or tied embeddings: torch
+/// FSDP2 refuses each in Megatron-LM's `arguments.py`) is projected as Megatron-FSDP, noted:
+/// the published run ran, so it was not torch FSDP2.
 pub(super) fn check_with_balanced_split(
     row: &Row,
     scenario: &Scenario,
-    layout: Layout,
+    mut layout: Layout,
+    infer_fsdp: bool,
 ) -> CheckedLayout {
     let card = &scenario.model;
     let mut notes = Vec::new();
+    if infer_fsdp
+        && layout.fsdp
+        && row.get("fsdpKind").is_empty()
+        && layout.fsdp_kind == crate::layout::FsdpKind::Torch
+        && (layout.ep > 1 || layout.pp > 1 || card.tied_embeddings)
+    {
+        layout.fsdp_kind = crate::layout::FsdpKind::Megatron;
+        notes.push(
+            "FSDP with expert or pipeline parallelism or tied embeddings runs only as Megatron-FSDP in Megatron-LM (torch FSDP2 refuses it); the row names no FSDP kind, so Megatron-FSDP is assumed"
+                .to_string(),
+        );
+    }
     let explicit_split = ["pipelineLayout", "firstStageLayers", "lastStageLayers"]
         .iter()
         .any(|c| !row.get(c).is_empty());

@@ -600,7 +600,8 @@ fn row_job(
     if row.get("expandableSegments").is_empty() {
         layout.expandable_segments = meta.framework.default_expandable_segments();
     }
-    let checked = check_with_balanced_split(row, &scenario, layout);
+    let checked =
+        check_with_balanced_split(row, &scenario, layout, meta.framework.megatron_family());
     Ok((meta, scenario, checked))
 }
 
