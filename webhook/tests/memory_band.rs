@@ -79,22 +79,6 @@ const NOT_JOBS: &[(&str, &str, &str)] = &[
     ("memory.csv", "TT-18", "as TT-13"),
     (
         "moe-nongated.csv",
-        "MB2511-deepseek-v3-gb300-bf16",
-        "no recipe preset with the published layout: 61 layers over PP2 x VPP4 need a \
-         pipeline layout the table does not print",
-    ),
-    (
-        "moe-nongated.csv",
-        "MB2511-deepseek-v3-gb300-fp8mx",
-        "as MB2511-deepseek-v3-gb300-bf16",
-    ),
-    (
-        "moe-nongated.csv",
-        "MB2511-deepseek-v3-gb200-fp8mx",
-        "as MB2511-deepseek-v3-gb300-bf16",
-    ),
-    (
-        "moe-nongated.csv",
         "MB2509-deepseek-v3-gb200-fp8cs",
         "25.09 table: its run script's hard-coded pipeline layout disagrees with the printed \
          PP x VPP (research quality C)",
@@ -232,7 +216,9 @@ fn no_run_that_ran_is_denied() {
         );
     }
     // memory.csv: 57 Megatron-family rows that ran (47 + the 10 without a peak); the
-    // throughput CSVs: 19 + 26 + 54 + the 120 of moe-nongated.csv the model projects.
+    // throughput CSVs: 19 + 26 + 54 + the 123 of moe-nongated.csv the model projects (the three
+    // Megatron-Bridge 25.11 DeepSeek-V3 rows without MTP, whose 61 layers split evenly over no
+    // stage count, with the most even split since `validate::most_even_split`).
     assert!(judged >= 270, "{judged} rows judged");
     assert_eq!(once_over.len(), ONCE_OVER_USABLE.len(), "{once_over:?}");
     println!("{judged} runs judged, admitted with a warning: {warned:?}");
