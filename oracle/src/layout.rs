@@ -24,7 +24,9 @@ pub use moe::{
     RouterDtype, TokenDispatcher,
 };
 pub use offload::{OffloadModule, OffloadSet};
-pub use pipeline::{PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout};
+pub use pipeline::{
+    PipelineLayout, SplitSlots, StageSpec, VirtualStage, even_split_layout, most_even_split_layout,
+};
 pub use recompute::{ModuleSet, RecomputeModule, RecomputedRuns, SubmoduleName, Submodules};
 pub use rules::{
     Broken, LayoutError, MAX_CAPACITY_FACTOR, MIN_CAPACITY_FACTOR, RuleId, capacity_factor_in_range,

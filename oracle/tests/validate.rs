@@ -206,8 +206,10 @@ fn a_split_that_no_slot_count_evens_is_the_most_even_one() {
     // The rows it lets project say so: Kimi-K2 on 256 GB300 (Megatron-Bridge 26.06, TP1 PP4
     // VPP4 EP64, MBS 2) in the shared table's columns, which name no layout.
     let c = Catalog::builtin().expect("catalog");
-    let text = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes\nK,x,kimi-k2,gb300,256,4,fp8,4096,4096,2,1,4,4,1,64,1,none,true,false,interleaved,5372,,\n";
-    let r = validate_text_with(text, &c, Options { refit: false }).expect("valid");
+    let text = format!(
+        "{HEADER}\nK,x,kimi-k2,gb300,256,4,fp8,4096,4096,2,1,4,4,1,64,1,none,true,false,interleaved,5372,,\n"
+    );
+    let r = validate_text_with(&text, &c, Options { refit: false }).expect("valid");
     assert_eq!(r.rows[0].status, RowStatus::Ok);
     assert!(
         r.rows[0]
@@ -227,7 +229,7 @@ fn a_split_that_no_slot_count_evens_is_the_most_even_one() {
 #[test]
 fn an_fsdp_row_with_expert_parallelism_is_megatron_fsdp() {
     let c = Catalog::builtin().expect("catalog");
-    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+    let header = HEADER;
     let cells =
         "qwen3-235b-a22b,h100-sxm,256,8,bf16,4096,2048,4,2,1,1,1,8,1,full,false,true,1f1b,1862,,";
     let r = validate_text_with(
@@ -261,7 +263,7 @@ fn rows_reduce_gradients_in_bf16_unless_a_column_says_fp32() {
     // gradients over DP; in FP32 the reduction moves twice the bytes, so the step is slower,
     // and the default (no column) is the published recipes' BF16.
     let c = Catalog::builtin().unwrap();
-    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+    let header = HEADER;
     let row = "N19,test,mixtral-8x7b,b200,64,8,fp8,4096,256,2,1,1,1,1,8,1,none,true,false,1f1b,15457,1282,";
     let plain = validate_text(&format!("{header}\n{row}\n"), &c).unwrap();
     let with = |v: &str| {

@@ -23,6 +23,8 @@ const PUBLISHED: &str = include_str!("data/published.csv");
 const EXTRA: &str = include_str!("data/extra.csv");
 const MOE: &str = include_str!("data/moe.csv");
 const NONGATED: &str = include_str!("data/moe-nongated.csv");
+/// The columns of shared/validation/published.csv: a row with the parallel layout only.
+const SHARED_HEADER: &str = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
 
 /// Records of a CSV: (line, cells).
 type Records = Vec<(usize, Vec<String>)>;
@@ -228,7 +230,7 @@ fn the_gated_and_non_gated_ids_do_not_overlap() {
 #[test]
 fn rows_without_moe_option_columns_run_as_the_published_recipes() {
     let c = Catalog::builtin().expect("catalog");
-    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes";
+    let header = SHARED_HEADER;
     let text = format!(
         "{header}\nN19,NVIDIA,mixtral-8x7b,b200,64,8,fp8,4096,256,2,1,1,1,1,8,1,none,true,false,1f1b,15457,1282,\nD1,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,false,true,1f1b,14451,744,\n"
     );
@@ -269,7 +271,7 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
 #[test]
 fn fp8_rows_without_a_recipe_run_the_published_tables_recipe() {
     let c = Catalog::builtin().expect("catalog");
-    let header = "id,source,model,gpu,gpus,gpusPerNode,precision,seqLength,globalBatchSize,microBatchSize,tp,pp,vpp,cp,ep,etp,recompute,distributedOptimizer,fsdp,schedule,measuredTokensPerSecondPerGpu,measuredTflopsPerGpu,notes,fp8Recipe";
+    let header = format!("{SHARED_HEADER},fp8Recipe");
     let rows = [
         (
             "b200",

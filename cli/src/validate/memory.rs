@@ -2,18 +2,19 @@
 //! (predicted vs measured, signed error, verdict agreement) and in aggregate, with the CI gate's
 //! limits as flags.
 
+use primus_oracle::bounds::{limits::TABLE_BYTES, read_input};
 use primus_oracle::memory::Verdict;
 use primus_oracle::validate::RowStatus;
-use primus_oracle::validate::memory::ranks::{RankSeries, validate_ranks_files};
+use primus_oracle::validate::memory::ranks::{RankSeries, validate_ranks_text};
 use primus_oracle::validate::memory::{
-    Aggregate, Agreement, MemoryRow, MemoryValidation, group, validate_memory_file,
+    Aggregate, Agreement, MemoryRow, MemoryValidation, group, validate_memory_text,
 };
 
 use super::{Args, abs_pct, pct};
 use crate::{CliError, Output, catalog, print_json};
 
 fn gib(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
+    opt(v, 1)
 }
 
 /// The verdict column: what the webhook would do, and whether that matches the run.
@@ -209,9 +210,11 @@ pub fn run(args: &Args) -> Result<(), CliError> {
             "validate --memory takes one FILE (the memory set or a throughput CSV)".into(),
         ));
     };
-    let mut v = validate_memory_file(file, &c)?;
+    // The memory set is read once: its runs are the rows and the per-rank series' jobs.
+    let text = read_input(file, TABLE_BYTES)?;
+    let mut v = validate_memory_text(&text, &c)?;
     if let Some(ranks) = &args.ranks {
-        v.ranks = validate_ranks_files(file, ranks, &c)?;
+        v.ranks = validate_ranks_text(&text, &read_input(ranks, TABLE_BYTES)?, &c)?;
     }
     match args.output {
         Output::Json => print_json(&v)?,

@@ -277,17 +277,7 @@ pub struct SplitSlots {
 /// (embedding) or the last stage (MTP, loss), as in Megatron's `get_num_layers_to_build`.
 /// `None` with fewer than two stages or when the slots do not split evenly.
 pub fn even_split_layout(layers: u32, mtp: u32, stages: u32, slots: SplitSlots) -> Option<String> {
-    let mut symbols = Vec::with_capacity(layers as usize + mtp as usize + 2);
-    if slots.embedding {
-        symbols.push('E');
-    }
-    symbols.extend(std::iter::repeat_n('t', layers as usize));
-    if slots.mtp {
-        symbols.extend(std::iter::repeat_n('m', mtp as usize));
-    }
-    if slots.loss {
-        symbols.push('L');
-    }
+    let symbols = slot_symbols(layers, mtp, slots);
     let count = symbols.len() as u32;
     if stages < 2 || count < stages || !count.is_multiple_of(stages) {
         return None;
@@ -312,6 +302,57 @@ pub fn even_split_layout(layers: u32, mtp: u32, stages: u32, slots: SplitSlots) 
             text.extend(std::iter::repeat_n('m', mtp as usize));
         }
         text.push('L');
+    }
+    Some(text)
+}
+
+/// The symbols that take a slot each in a split, in model order: the embedding, the decoder
+/// layers, the MTP layers and the loss, as `slots` says.
+fn slot_symbols(layers: u32, mtp: u32, slots: SplitSlots) -> Vec<char> {
+    let mut symbols = Vec::with_capacity(layers as usize + mtp as usize + 2);
+    if slots.embedding {
+        symbols.push('E');
+    }
+    symbols.extend(std::iter::repeat_n('t', layers as usize));
+    if slots.mtp {
+        symbols.extend(std::iter::repeat_n('m', mtp as usize));
+    }
+    if slots.loss {
+        symbols.push('L');
+    }
+    symbols
+}
+
+/// The layout string of the most even split of `layers` decoder layers and `mtp` MTP layers
+/// over `stages` virtual stages, the embedding, every MTP layer and the loss taking a slot
+/// each, in model order, the first `slots % stages` stages one slot more than the others (so
+/// the loss's stage is the lighter). `None` with fewer than two stages, fewer slots than
+/// stages, or MTP layers that would leave the last stage (Megatron builds them there).
+pub fn most_even_split_layout(layers: u32, mtp: u32, stages: usize) -> Option<String> {
+    let all = SplitSlots {
+        embedding: true,
+        loss: true,
+        mtp: true,
+    };
+    let symbols = slot_symbols(layers, mtp, all);
+    let count = symbols.len();
+    if stages < 2 || count < stages {
+        return None;
+    }
+    let (base, extra) = (count / stages, count % stages);
+    // The last stage holds `base` slots: the MTP layers and the loss must fit in it.
+    if mtp as usize + 1 > base {
+        return None;
+    }
+    let mut text = String::with_capacity(count + stages);
+    let mut rest = symbols.as_slice();
+    for stage in 0..stages {
+        if stage > 0 {
+            text.push('|');
+        }
+        let (chunk, tail) = rest.split_at(base + usize::from(stage < extra));
+        text.extend(chunk.iter());
+        rest = tail;
     }
     Some(text)
 }

@@ -242,36 +242,7 @@ pub fn embedding_and_loss_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Opt
 /// would leave the last stage (Megatron builds them there).
 pub fn most_even_split(layers: u32, mtp: u32, pp: u32, vpp: u32) -> Option<String> {
     let stages = (pp.max(1) as usize).checked_mul(vpp.max(1) as usize)?;
-    let count = layers as usize + mtp as usize + 2;
-    if stages < 2 || count < stages {
-        return None;
-    }
-    let (base, extra) = (count / stages, count % stages);
-    let last_size = base;
-    if mtp as usize + 1 > last_size {
-        return None;
-    }
-    let mut text = String::with_capacity(count + stages);
-    let mut placed = 0usize;
-    for stage in 0..stages {
-        if stage > 0 {
-            text.push('|');
-        }
-        let size = base + usize::from(stage < extra);
-        for slot in placed..placed + size {
-            text.push(if slot == 0 {
-                'E'
-            } else if slot <= layers as usize {
-                't'
-            } else if slot < count - 1 {
-                'm'
-            } else {
-                'L'
-            });
-        }
-        placed += size;
-    }
-    Some(text)
+    crate::layout::most_even_split_layout(layers, mtp, stages)
 }
 
 pub(super) struct Row<'a> {

@@ -405,15 +405,6 @@ pub fn validate_memory_text(text: &str, catalog: &Catalog) -> Result<MemoryValid
     Ok(summarize(rows))
 }
 
-/// Validate a memory CSV file.
-pub fn validate_memory_file(
-    path: &std::path::Path,
-    catalog: &Catalog,
-) -> Result<MemoryValidation, PlanError> {
-    let text = crate::bounds::read_input(path, crate::bounds::limits::TABLE_BYTES)?;
-    validate_memory_text(&text, catalog)
-}
-
 /// The framework, outcome, stage and option cells of a row, read strictly.
 struct RowMeta {
     framework: Framework,

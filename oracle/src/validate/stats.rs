@@ -167,4 +167,11 @@ mod tests {
         assert_eq!(a.max_abs_error, Some(0.3));
         assert_eq!(Aggregate::of([]).median_abs_error, None);
     }
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&mut []), None);
+    }
 }

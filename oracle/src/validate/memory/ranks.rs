@@ -29,6 +29,7 @@ use crate::error::PlanError;
 use crate::memory;
 use crate::profiles::Catalog;
 use crate::units::GIB;
+use crate::validate::stats::median;
 use crate::validate::{parse_csv, spearman};
 
 /// The columns a rank file must have.
@@ -81,19 +82,6 @@ pub fn line_fit(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
     let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
     let slope = sxy / sxx;
     Some((my - slope * mx, slope))
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 fn bad(line: usize, message: String) -> PlanError {
@@ -240,11 +228,11 @@ fn series(id: &str, m: &Measured, job: &RowJob) -> Result<RankSeries, PlanError>
         slope: fit.map(|f| f.1),
         offset_gib: fit.map(|f| f.0),
         median_difference_gib: median(
-            measured
+            &mut measured
                 .iter()
                 .zip(&predicted)
                 .map(|(a, b)| a - b)
-                .collect(),
+                .collect::<Vec<_>>(),
         ),
         not_compared: job.needs_option.clone(),
         points,
@@ -279,18 +267,6 @@ pub fn validate_ranks_text(
         .collect()
 }
 
-/// [`validate_ranks_text`] on files.
-pub fn validate_ranks_files(
-    memory: &std::path::Path,
-    ranks: &std::path::Path,
-    catalog: &Catalog,
-) -> Result<Vec<RankSeries>, PlanError> {
-    let limit = crate::bounds::limits::TABLE_BYTES;
-    let memory_text = crate::bounds::read_input(memory, limit)?;
-    let ranks_text = crate::bounds::read_input(ranks, limit)?;
-    validate_ranks_text(&memory_text, &ranks_text, catalog)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,13 +280,6 @@ mod tests {
         assert!((offset - 10.0).abs() < 1e-12 && (slope - 2.0).abs() < 1e-12);
         assert!(line_fit(&[3.0, 3.0], &[1.0, 2.0]).is_none());
         assert!(line_fit(&[1.0], &[1.0]).is_none());
-    }
-
-    #[test]
-    fn median_of_odd_and_even() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
-        assert_eq!(median(vec![]), None);
     }
 
     #[test]
