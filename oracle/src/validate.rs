@@ -42,7 +42,7 @@ mod stats;
 
 use csv::{
     CheckedLayout, Row, check_with_balanced_split, figure, measured_figure, positive,
-    row_fp8_recipe, row_layout, row_measurement, row_scenario,
+    row_fp8_recipe, row_layout, row_measurement, row_moe_defaults, row_scenario,
 };
 pub use csv::{
     LAYOUT_COLUMNS, MOE_COLUMNS, REQUIRED_COLUMNS, embedding_and_loss_split, most_even_split,
@@ -382,8 +382,16 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
         Ok(l) => l,
         Err(e) => return bad(e),
     };
+    let mut defaults = if scenario.model.moe.is_some() {
+        row_moe_defaults(row, header)
+    } else {
+        Vec::new()
+    };
     if layout.fp8_recipe.is_none() && scenario.training.precision == Precision::Fp8 {
         layout.fp8_recipe = row_fp8_recipe(&scenario.hardware);
+        if let Some(r) = layout.fp8_recipe {
+            defaults.push(format!("fp8Recipe={}", r.as_str()));
+        }
     }
     let (metric, measured) = match row_measurement(row) {
         Ok(m) => m,
@@ -421,6 +429,12 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
     result.breakdown = Some(p.breakdown);
     result.bubble_fraction = Some(p.bubble_fraction);
     result.notes = checked.notes;
+    if !defaults.is_empty() {
+        result.notes.push(format!(
+            "not written on the row, run as the published recipes do: {}",
+            defaults.join(", ")
+        ));
+    }
     let prepared = Prepared {
         id: result.id.clone(),
         model: result.model.clone(),

@@ -244,7 +244,15 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
     );
     let e = moe.error.expect("projected");
     assert!(e.abs() < 0.30, "N19 {:+.1}%", e * 100.0);
+    // The defaults are said on the row, never silent: each MoE option and the FP8 recipe.
+    let said = "not written on the row, run as the published recipes do: tokenDispatcher=alltoall, groupedGemm=grouped, permuteFusion=true, forceLoadBalancing=true, fp8Recipe=mxfp8";
+    assert!(moe.notes.iter().any(|n| n == said), "{:?}", moe.notes);
     let dense = r.rows.iter().find(|x| x.id == "D1").expect("D1");
+    assert!(
+        dense.notes.is_empty(),
+        "a BF16 dense row: {:?}",
+        dense.notes
+    );
     assert!(
         dense.error.is_some(),
         "the dense row projects: {:?}",
@@ -260,6 +268,13 @@ fn rows_without_moe_option_columns_run_as_the_published_recipes() {
         !w.rows[0].layout.contains("alltoall,grouped"),
         "{}",
         w.rows[0].layout
+    );
+    // Only what the row leaves out is listed.
+    let said = "not written on the row, run as the published recipes do: permuteFusion=true, forceLoadBalancing=true, fp8Recipe=mxfp8";
+    assert!(
+        w.rows[0].notes.iter().any(|n| n == said),
+        "{:?}",
+        w.rows[0].notes
     );
 }
 

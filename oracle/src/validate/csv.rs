@@ -453,6 +453,16 @@ pub(super) fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, Row
     })
 }
 
+/// The [`ROW_MOE_DEFAULTS`] a MoE model's row runs because its cell (or column) is empty, as
+/// `column=value`: said on the row, so a default is never silent.
+pub(super) fn row_moe_defaults(row: &Row, header: &[String]) -> Vec<String> {
+    ROW_MOE_DEFAULTS
+        .iter()
+        .filter(|(col, _)| !header.iter().any(|h| h == col) || row.get(col).is_empty())
+        .map(|(col, v)| format!("{col}={v}"))
+        .collect()
+}
+
 /// The row's layout, through the same deserializer as `spec.parallelism`.
 /// A row's layout; `recipe_moe`: a MoE model's row whose MoE option cells are empty runs
 /// [`ROW_MOE_DEFAULTS`].
