@@ -13,6 +13,8 @@ mod common;
 
 const MOE: &str = include_str!("data/moe.csv");
 const NONGATED: &str = include_str!("data/moe-nongated.csv");
+const PUBLISHED: &str = include_str!("data/published.csv");
+const EXTRA: &str = include_str!("data/extra.csv");
 
 /// The kernels of a layout, timed on `gpu` (8 GPUs, four per node as on both NVL72 trays).
 fn compute_seconds(model: &str, gpu: &str, precision: Precision, l: &Layout) -> f64 {
@@ -58,7 +60,7 @@ fn the_measured_gb200_and_b200_pairs_run_at_the_same_speed() {
     // 0.96-0.99x the B200's tokens/s (not the 1.11x of the data sheets' peaks). The B200
     // recipes also capture attention in CUDA graphs (a few percent of host time at most).
     let mut measured = std::collections::HashMap::new();
-    for text in [MOE, NONGATED] {
+    for text in [MOE, NONGATED, PUBLISHED, EXTRA] {
         let records = parse_csv(text).expect("csv");
         let header = &records[0].1;
         let col = |n: &str| header.iter().position(|h| h == n).expect(n);
@@ -78,4 +80,11 @@ fn the_measured_gb200_and_b200_pairs_run_at_the_same_speed() {
             "{release}: GB200/B200 {ratio:.3}"
         );
     }
+    // Dense, the same table's 25.11 Llama 3 8B FP8-CS run (8 GPUs, MBS 2, seq 8192): GB200
+    // (extra.csv XN13) at 1.03x B200 (published.csv N8).
+    let dense = measured["XN13"] / measured["N8"];
+    assert!(
+        (1.0..=1.05).contains(&dense),
+        "Llama 3 8B GB200/B200 {dense:.3}"
+    );
 }
