@@ -4,6 +4,10 @@
 //! on different axes. Candidates are ranked by how many axes change, then by how large the
 //! change is (a cost per move), then by predicted memory. The search stops at its deadline.
 //!
+//! Activation offloading (`--cpu-offloading-num-layers N`, the fewest layers that fit) is a
+//! move too: NVIDIA's Llama 3 70B FSDP recipes on GB200/GB300 fit by offloading 20-40 layers'
+//! activations to the host, which no other single move of theirs does as cheaply.
+//!
 //! Recompute moves include Megatron's selective-recompute modules (`--recompute-modules`): the
 //! module lists the tuner tries for the model ([`default_module_sets`]), added to the job's
 //! own, priced by how much forward work they rerun, so that e.g. `moe_act layernorm` for an
@@ -32,6 +36,8 @@ pub enum Move {
     DistributedOptimizer,
     SequenceParallel,
     Fsdp,
+    /// Offload the activations of this many layers to the host (`--cpu-offloading-num-layers`).
+    ActivationOffload(u32),
 }
 
 impl Move {
@@ -47,6 +53,7 @@ impl Move {
             Move::MicroBatch(_) => 6,
             Move::DistributedOptimizer | Move::Fsdp => 7,
             Move::SequenceParallel => 8,
+            Move::ActivationOffload(_) => 9,
         }
     }
 
@@ -95,6 +102,7 @@ impl Move {
                 l.fsdp = true;
                 l.distributed_optimizer = false;
             }
+            Move::ActivationOffload(n) => l.activation_offload_layers = n,
         }
     }
 
@@ -135,6 +143,7 @@ impl Move {
             Move::DistributedOptimizer => flag::DIST_OPT.to_string(),
             Move::SequenceParallel => flag::SP.to_string(),
             Move::Fsdp => flag::FSDP.to_string(),
+            Move::ActivationOffload(n) => format!("{} {n}", flag::CPU_OFFLOADING_NUM_LAYERS),
         }
     }
 }
@@ -331,6 +340,7 @@ pub fn search(
     };
     let mut singles = moves(s, current);
     search.partial_full_recompute();
+    search.partial_activation_offload();
     let mut fitting_single: Vec<Move> = search.found.iter().map(|f| f.moves[0]).collect();
     for &m in &singles {
         if search.late() {
@@ -439,6 +449,29 @@ impl Search<'_> {
                 Move::Recompute(Recompute::Full, n),
                 1.0 + 1.5 * n as f64 / chunk_layers as f64,
             );
+            if let Some(peak) = self.evaluate(&[m])
+                && peak <= self.limit_bytes
+            {
+                break;
+            }
+        }
+    }
+
+    /// Activation offloading: the fewest layers that fit (Megatron offloads the first N layers'
+    /// activations; it runs without pipeline parallelism and without recompute, so it is tried
+    /// only from such a layout). Cheaper than recomputing as many layers: the copies overlap
+    /// the next layers' compute.
+    fn partial_activation_offload(&mut self) {
+        let current = self.current;
+        let layers = self.s.model.layers;
+        if current.pp > 1 || current.recompute != Recompute::None {
+            return;
+        }
+        for n in current.activation_offload_layers + 1..layers {
+            if self.late() {
+                break;
+            }
+            let m = (Move::ActivationOffload(n), 1.0 + n as f64 / layers as f64);
             if let Some(peak) = self.evaluate(&[m])
                 && peak <= self.limit_bytes
             {

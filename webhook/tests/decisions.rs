@@ -155,6 +155,12 @@ fn every_suggestion_is_a_legal_layout_that_fits_and_applying_it_is_admitted() {
         if s.layout.fsdp {
             flags.push_str("--use-torch-fsdp2 ");
         }
+        if s.layout.activation_offload_layers > 0 {
+            flags.push_str(&format!(
+                "--cpu-offloading-num-layers {} ",
+                s.layout.activation_offload_layers
+            ));
+        }
         set_layout_flags(&mut fixed, &flags);
         edit_script(&mut fixed, "--micro-batch-size 1 --global", "--global");
         let (_, a) = answer(&v, PYTORCHJOB, &review(&fixed, None, false));
@@ -243,6 +249,74 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
             .map(|x| x.flags())
             .collect::<Vec<_>>()
     );
+}
+
+/// NVIDIA's Llama 3 70B FP8-CS run on 64 GB300 (Megatron-Bridge 26.04.01; extra.csv XN22):
+/// TP1 PP1, Megatron-FSDP, MBS 2, seq 8192 runs because its recipe offloads 20 layers'
+/// activations to the host. Without the offload the model predicts ~323 GiB of 286 usable and
+/// the job is denied; the denial's suggestions include the offload, with the fewest layers that
+/// fit (no more than the recipe's 20), and that layout is legal and fits.
+#[test]
+fn activation_offloading_is_suggested_with_the_fewest_layers_that_fit() {
+    use primus_oracle::layout::{FsdpKind, Layout};
+    use primus_oracle::precision::Precision;
+    use primus_oracle::scenario::{Cluster, Scenario, Training};
+    use primus_webhook::suggest::{Move, search};
+    let c = Catalog::builtin().unwrap();
+    let s = Scenario {
+        model: c.model("llama3.1-70b").unwrap().clone(),
+        hardware: c.hardware("gb300").unwrap().clone(),
+        cluster: Cluster {
+            gpus: 64,
+            gpus_per_node: 4,
+        },
+        training: Training {
+            seq_length: 8192,
+            global_batch_size: 256,
+            precision: Precision::Fp8,
+        },
+    };
+    let l = Layout {
+        micro_batch_size: 2,
+        fsdp: true,
+        fsdp_kind: FsdpKind::Megatron,
+        distributed_optimizer: false,
+        attention_dropout: primus_oracle::layout::Fraction::ZERO,
+        hidden_dropout: primus_oracle::layout::Fraction::ZERO,
+        ..Layout::default()
+    };
+    assert!(l.check(&s).is_ok());
+    let limit = s.hardware.usable_bytes();
+    assert!(memory::peak_bytes(&s, &l).0 > limit);
+    let out = search(
+        &s,
+        &l,
+        limit,
+        std::time::Instant::now() + std::time::Duration::from_secs(5),
+        8,
+    );
+    let o = out
+        .suggestions
+        .iter()
+        .find(|x| matches!(x.moves[..], [Move::ActivationOffload(_)]))
+        .unwrap_or_else(|| {
+            panic!(
+                "no offload suggestion: {:?}",
+                out.suggestions
+                    .iter()
+                    .map(|x| x.flags())
+                    .collect::<Vec<_>>()
+            )
+        });
+    let n = o.layout.activation_offload_layers;
+    eprintln!("offload {n} layers: {:.1} GiB", gib(o.peak_bytes));
+    assert!((1..=20).contains(&n), "{n} layers");
+    assert_eq!(o.flags(), format!("--cpu-offloading-num-layers {n}"));
+    assert!(o.layout.check(&s).is_ok() && o.peak_bytes <= limit);
+    // The fewest: one layer fewer does not fit.
+    let mut fewer = l.clone();
+    fewer.activation_offload_layers = n - 1;
+    assert!(memory::peak_bytes(&s, &fewer).0 > limit);
 }
 
 #[test]
