@@ -382,8 +382,11 @@ fn validate_row(row: &Row, catalog: &Catalog, header: &[String]) -> (RowResult, 
         Ok(l) => l,
         Err(e) => return bad(e),
     };
-    let mut defaults = if scenario.model.moe.is_some() {
-        row_moe_defaults(row, header)
+    let mut defaults: Vec<String> = if scenario.model.moe.is_some() {
+        row_moe_defaults(row)
+            .into_iter()
+            .map(|(col, v)| format!("{col}={v}"))
+            .collect()
     } else {
         Vec::new()
     };

@@ -441,15 +441,22 @@ impl Search<'_> {
         } else {
             1
         };
-        for n in start..chunk_layers {
+        self.fewest_that_fit(start..chunk_layers, |n| {
+            (
+                Move::Recompute(Recompute::Full, n),
+                1.0 + 1.5 * n as f64 / chunk_layers as f64,
+            )
+        });
+    }
+
+    /// Evaluate `step(n)` for each `n` in order, stopping at the first layout that fits (or at
+    /// the deadline): the fewest layers of a per-layer move.
+    fn fewest_that_fit(&mut self, ns: std::ops::Range<u32>, step: impl Fn(u32) -> (Move, f64)) {
+        for n in ns {
             if self.late() {
                 break;
             }
-            let m = (
-                Move::Recompute(Recompute::Full, n),
-                1.0 + 1.5 * n as f64 / chunk_layers as f64,
-            );
-            if let Some(peak) = self.evaluate(&[m])
+            if let Some(peak) = self.evaluate(&[step(n)])
                 && peak <= self.limit_bytes
             {
                 break;
@@ -467,17 +474,9 @@ impl Search<'_> {
         if current.pp > 1 || current.recompute != Recompute::None {
             return;
         }
-        for n in current.activation_offload_layers + 1..layers {
-            if self.late() {
-                break;
-            }
-            let m = (Move::ActivationOffload(n), 1.0 + n as f64 / layers as f64);
-            if let Some(peak) = self.evaluate(&[m])
-                && peak <= self.limit_bytes
-            {
-                break;
-            }
-        }
+        self.fewest_that_fit(current.activation_offload_layers + 1..layers, |n| {
+            (Move::ActivationOffload(n), 1.0 + n as f64 / layers as f64)
+        });
     }
 
     /// Every pair of moves on different axes.

@@ -16,6 +16,18 @@ use primus_webhook::admission::Endpoint;
 use primus_webhook::pytorchjob::{DeriveError, LayoutSource, derive};
 use serde_json::{Value, json};
 
+/// The nearest layouts that fit under `limit` bytes, at most `max`, with a deadline far beyond
+/// what the search takes.
+fn nearest(
+    s: &primus_oracle::scenario::Scenario,
+    l: &primus_oracle::layout::Layout,
+    limit: f64,
+    max: usize,
+) -> primus_webhook::suggest::SearchOutcome {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    primus_webhook::suggest::search(s, l, limit, deadline, max)
+}
+
 fn no_annotations() -> BTreeMap<String, String> {
     BTreeMap::new()
 }
@@ -102,11 +114,10 @@ fn every_suggestion_is_a_legal_layout_that_fits_and_applying_it_is_admitted() {
     let m = message(&a);
     let fixes = m.split("; fits with ").nth(1).expect("suggestions");
     let d = derive(&job, &no_annotations(), &v.catalog).unwrap();
-    let out = primus_webhook::suggest::search(
+    let out = nearest(
         &d.scenario,
         &d.layout,
         0.92 * d.scenario.hardware.usable_bytes(),
-        std::time::Instant::now() + std::time::Duration::from_secs(5),
         3,
     );
     assert!(!out.suggestions.is_empty());
@@ -190,22 +201,8 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
     // limit (~161 GiB), a smaller change than full recompute.
     use primus_oracle::layout::{Layout, RecomputeModule};
     use primus_oracle::precision::Precision;
-    use primus_oracle::scenario::{Cluster, Scenario, Training};
-    use primus_webhook::suggest::{Move, search};
-    let c = Catalog::builtin().unwrap();
-    let s = Scenario {
-        model: c.model("gpt-oss-120b").unwrap().clone(),
-        hardware: c.hardware("b200").unwrap().clone(),
-        cluster: Cluster {
-            gpus: 64,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 512,
-            precision: Precision::Bf16,
-        },
-    };
+    use primus_webhook::suggest::Move;
+    let s = scenario("gpt-oss-120b", "b200", 64, 8, 4096, 512, Precision::Bf16);
     let l = Layout {
         ep: 8,
         micro_batch_size: 2,
@@ -216,13 +213,7 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
     };
     let limit = 162.0 * 1024f64.powi(3);
     assert!(memory::peak_bytes(&s, &l).0 > limit);
-    let out = search(
-        &s,
-        &l,
-        limit,
-        std::time::Instant::now() + std::time::Duration::from_secs(5),
-        5,
-    );
+    let out = nearest(&s, &l, limit, 5);
     let modules = out
         .suggestions
         .iter()
@@ -260,22 +251,8 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
 fn activation_offloading_is_suggested_with_the_fewest_layers_that_fit() {
     use primus_oracle::layout::{FsdpKind, Layout};
     use primus_oracle::precision::Precision;
-    use primus_oracle::scenario::{Cluster, Scenario, Training};
-    use primus_webhook::suggest::{Move, search};
-    let c = Catalog::builtin().unwrap();
-    let s = Scenario {
-        model: c.model("llama3.1-70b").unwrap().clone(),
-        hardware: c.hardware("gb300").unwrap().clone(),
-        cluster: Cluster {
-            gpus: 64,
-            gpus_per_node: 4,
-        },
-        training: Training {
-            seq_length: 8192,
-            global_batch_size: 256,
-            precision: Precision::Fp8,
-        },
-    };
+    use primus_webhook::suggest::Move;
+    let s = scenario("llama3.1-70b", "gb300", 64, 4, 8192, 256, Precision::Fp8);
     let l = Layout {
         micro_batch_size: 2,
         fsdp: true,
@@ -288,13 +265,7 @@ fn activation_offloading_is_suggested_with_the_fewest_layers_that_fit() {
     assert!(l.check(&s).is_ok());
     let limit = s.hardware.usable_bytes();
     assert!(memory::peak_bytes(&s, &l).0 > limit);
-    let out = search(
-        &s,
-        &l,
-        limit,
-        std::time::Instant::now() + std::time::Duration::from_secs(5),
-        8,
-    );
+    let out = nearest(&s, &l, limit, 8);
     let o = out
         .suggestions
         .iter()

@@ -13,7 +13,7 @@ use primus_oracle::layout::{Fraction, Layout};
 use primus_oracle::memory::{self, Band};
 use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
 use primus_oracle::validate::memory::{Framework, Outcome, row_jobs};
 use primus_webhook::pytorchjob::{DerivedJob, LayoutSource};
 use primus_webhook::validate::{Reason, Verdict};
@@ -266,20 +266,7 @@ fn fine_grained_offload_is_read_and_admits_the_recipe_that_needs_it() {
 }
 
 fn gpt_oss_on_b200(micro_batch_size: u32) -> (Scenario, Layout) {
-    let c = Catalog::builtin().unwrap();
-    let s = Scenario {
-        model: c.model("gpt-oss-120b").unwrap().clone(),
-        hardware: c.hardware("b200").unwrap().clone(),
-        cluster: Cluster {
-            gpus: 64,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 512,
-            precision: Precision::Bf16,
-        },
-    };
+    let s = common::scenario("gpt-oss-120b", "b200", 64, 8, 4096, 512, Precision::Bf16);
     let l = Layout {
         ep: 8,
         micro_batch_size,
@@ -295,20 +282,15 @@ fn gpt_oss_on_b200(micro_batch_size: u32) -> (Scenario, Layout) {
 /// (Megatron-Bridge 25.11, which ran with BF16 gradients) at MBS 2, here with Megatron's
 /// default FP32 gradient accumulation (no `--grad-reduce-in-bf16`).
 fn qwen3_30b_on_h100(micro_batch_size: u32) -> (Scenario, Layout) {
-    let c = Catalog::builtin().unwrap();
-    let s = Scenario {
-        model: c.model("qwen3-30b-a3b").unwrap().clone(),
-        hardware: c.hardware("h100-sxm").unwrap().clone(),
-        cluster: Cluster {
-            gpus: 16,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: 4096,
-            global_batch_size: 512,
-            precision: Precision::Fp8,
-        },
-    };
+    let s = common::scenario(
+        "qwen3-30b-a3b",
+        "h100-sxm",
+        16,
+        8,
+        4096,
+        512,
+        Precision::Fp8,
+    );
     let l = Layout {
         pp: 2,
         vpp: 24,

@@ -16,8 +16,7 @@ use primus_oracle::layout::{CrossEntropyFusion, Layout, Recompute};
 use primus_oracle::memory;
 use primus_oracle::precision::Precision;
 use primus_oracle::primus::experiment;
-use primus_oracle::profiles::Catalog;
-use primus_oracle::scenario::{Cluster, Scenario, Training};
+use primus_oracle::scenario::Scenario;
 use primus_webhook::validate::gib1;
 use serde_json::{Value, json};
 
@@ -86,20 +85,7 @@ fn primus_job_of(exp: &str, name: &str, overrides: &[String], env: &[(&str, &str
 }
 
 fn scenario(gpus: u32, seq: u64, gbs: u64) -> Scenario {
-    let c = Catalog::builtin().unwrap();
-    Scenario {
-        model: c.model("llama3.1-70b").unwrap().clone(),
-        hardware: c.hardware("mi300x").unwrap().clone(),
-        cluster: Cluster {
-            gpus,
-            gpus_per_node: 8,
-        },
-        training: Training {
-            seq_length: seq,
-            global_batch_size: gbs,
-            precision: Precision::Bf16,
-        },
-    }
+    common::scenario("llama3.1-70b", "mi300x", gpus, 8, seq, gbs, Precision::Bf16)
 }
 
 fn post(w: &WebhookProcess, ca: &[u8], path: &str, job: &Value) -> Value {

@@ -453,13 +453,12 @@ pub(super) fn row_scenario(row: &Row, catalog: &Catalog) -> Result<Scenario, Row
     })
 }
 
-/// The [`ROW_MOE_DEFAULTS`] a MoE model's row runs because its cell (or column) is empty, as
-/// `column=value`: said on the row, so a default is never silent.
-pub(super) fn row_moe_defaults(row: &Row, header: &[String]) -> Vec<String> {
+/// The [`ROW_MOE_DEFAULTS`] a MoE model's row runs because its cell (or column) is empty: the
+/// ones [`row_layout`] applies and the row's note names, so a default is never silent.
+pub(super) fn row_moe_defaults<'a>(row: &Row) -> Vec<&'a (&'static str, &'static str)> {
     ROW_MOE_DEFAULTS
         .iter()
-        .filter(|(col, _)| !header.iter().any(|h| h == col) || row.get(col).is_empty())
-        .map(|(col, v)| format!("{col}={v}"))
+        .filter(|(col, _)| row.get(col).is_empty())
         .collect()
 }
 
@@ -492,10 +491,8 @@ pub(super) fn row_layout(row: &Row, header: &[String], recipe_moe: bool) -> Resu
         }
     }
     if recipe_moe {
-        for (col, v) in ROW_MOE_DEFAULTS {
-            if !moe.contains_key(*col) {
-                moe.insert((*col).into(), layout_value(col, v));
-            }
+        for (col, v) in row_moe_defaults(row) {
+            moe.insert((*col).into(), layout_value(col, v));
         }
     }
     if !moe.is_empty() {

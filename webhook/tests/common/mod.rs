@@ -4,10 +4,39 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use primus_oracle::precision::Precision;
 use primus_oracle::profiles::Catalog;
+use primus_oracle::scenario::{Cluster, Scenario, Training};
 use primus_webhook::admission::{self, Endpoint};
 use primus_webhook::validate::{Settings, Validator};
 use serde_json::Value;
+
+/// A scenario of built-in `model` and `gpu` on `gpus` GPUs, `gpus_per_node` of them per node,
+/// sequence `seq`, global batch `gbs`.
+pub fn scenario(
+    model: &str,
+    gpu: &str,
+    gpus: u32,
+    gpus_per_node: u32,
+    seq: u64,
+    gbs: u64,
+    precision: Precision,
+) -> Scenario {
+    let c = Catalog::builtin().unwrap();
+    Scenario {
+        model: c.model(model).unwrap().clone(),
+        hardware: c.hardware(gpu).unwrap().clone(),
+        cluster: Cluster {
+            gpus,
+            gpus_per_node,
+        },
+        training: Training {
+            seq_length: seq,
+            global_batch_size: gbs,
+            precision,
+        },
+    }
+}
 
 pub fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
