@@ -203,6 +203,7 @@ fn summary(r: &Report) -> String {
             &r.held_out_moe,
         ));
     }
+    out.push_str(&repeats(r));
     let ranked: Vec<String> = r
         .ranks
         .iter()
@@ -240,6 +241,51 @@ fn summary(r: &Report) -> String {
         ));
     }
     out
+}
+
+/// Repeated configurations: how many, the least maximum |error| they allow any projection
+/// (dense and MoE), and the groups whose floor is 5% or more.
+fn repeats(r: &Report) -> String {
+    if r.repeats.is_empty() {
+        return String::new();
+    }
+    let widest = |kind: &str, moe: bool| -> Option<String> {
+        let g = r.repeats.iter().find(|g| g.moe == moe)?;
+        Some(format!(
+            "{} for the {kind} rows ({})",
+            abs_pct(Some(g.error_floor)),
+            measured_list(g)
+        ))
+    };
+    let floors: Vec<String> = [widest("dense", false), widest("MoE", true)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut out = format!(
+        "repeated configurations: {} groups of rows identical in every configuration column, measured apart (mostly one recipe re-measured in a later release); no projection of these rows can keep its max |error| below {}\n",
+        r.repeats.len(),
+        floors.join(", nor below ")
+    );
+    for g in r.repeats.iter().filter(|g| g.error_floor >= 0.05) {
+        out.push_str(&format!(
+            "  repeat {} (floor {}): {}\n",
+            g.model,
+            abs_pct(Some(g.error_floor)),
+            measured_list(g)
+        ));
+    }
+    out
+}
+
+fn measured_list(g: &primus_oracle::validate::Repeat) -> String {
+    g.ids
+        .iter()
+        .zip(&g.measured)
+        .map(|(id, m)| format!("{id} {m}"))
+        .collect::<Vec<_>>()
+        .join(" vs ")
+        + " "
+        + g.metric.unit()
 }
 
 fn round(v: f64) -> String {

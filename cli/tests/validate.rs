@@ -276,3 +276,31 @@ fn cli_validate_ablate_lists_each_options_effect() {
         "{projected} vs {without}"
     );
 }
+
+/// The table names the repeated configurations and the floor they put under the max |error|
+/// (the oracle's tests/validate_moe.rs checks the numbers); JSON carries them as `repeats[]`
+/// and `moeErrorFloor`.
+#[test]
+fn cli_validate_reports_repeated_configurations() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../oracle/tests/data/");
+    let files: Vec<String> = ["published", "extra", "moe", "moe-nongated"]
+        .iter()
+        .map(|f| format!("{data}{f}.csv"))
+        .collect();
+    let mut args = vec!["validate", "--no-refit"];
+    args.extend(files.iter().map(String::as_str));
+    let text = primus_ok(&args);
+    assert!(text.contains("repeated configurations: "), "{text}");
+    assert!(
+        text.contains("27.8% for the MoE rows (MB260201-qwen3-30b-a3b-h100-fp8cs 9058 vs MB2602-qwen3-30b-a3b-h100-fp8cs 5113 tok/s/GPU)"),
+        "{text}"
+    );
+    args.extend(["-o", "json"]);
+    let json = primus().args(&args).output().expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let floor = v["moeErrorFloor"].as_f64().expect("moeErrorFloor");
+    assert!((floor - 3945.0 / 14171.0).abs() < 1e-9, "{floor}");
+    let first = &v["repeats"][0];
+    assert_eq!(first["ids"][1], "MB2602-qwen3-30b-a3b-h100-fp8cs");
+    assert_eq!(first["errorFloor"].as_f64(), Some(floor));
+}

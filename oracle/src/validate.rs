@@ -38,6 +38,7 @@ pub mod ablate;
 mod csv;
 pub mod fit;
 pub mod memory;
+mod repeats;
 mod stats;
 
 use csv::{
@@ -49,6 +50,7 @@ pub use csv::{
     parse_csv, seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
+pub use repeats::{Repeat, error_floor};
 pub use stats::{Aggregate, RankGroup, spearman};
 
 use crate::bounds::limits;
@@ -177,6 +179,14 @@ pub struct Report {
     pub held_out: Vec<HeldOut>,
     /// |error| of the held-out projections.
     pub held_out_moe: Aggregate,
+    /// Rows identical in every configuration column, measured differently (one recipe in
+    /// successive releases), widest first: see [`repeats`].
+    pub repeats: Vec<Repeat>,
+    /// The least maximum |error| any projection can have over the dense rows (the widest
+    /// dense repeat's floor); `None` without dense repeats.
+    pub dense_error_floor: Option<f64>,
+    /// The same over the mixture-of-experts rows.
+    pub moe_error_floor: Option<f64>,
 }
 
 /// What a validation computes beyond the rows.
@@ -224,13 +234,15 @@ pub fn validate_texts(
     let mut rows = Vec::new();
     let mut groups = Vec::new();
     let mut prepared = Vec::new();
+    let mut keys = Vec::new();
     for text in texts {
         let file = read_rows(text, catalog)?;
         rows.extend(file.rows);
         groups.extend(file.groups);
         prepared.extend(file.prepared);
+        keys.extend(file.keys);
     }
-    let mut report = summarize(rows, groups);
+    let mut report = summarize(rows, groups, &keys);
     if options.refit {
         report.generations = fit::refit_all(&prepared);
         report.held_out = fit::leave_one_model_out(&prepared);
@@ -254,6 +266,8 @@ struct FileRows {
     rows: Vec<RowResult>,
     groups: Vec<GroupResult>,
     prepared: Vec<Prepared>,
+    /// Each row's configuration, in the order of `rows`.
+    keys: Vec<repeats::ConfigKey>,
 }
 
 /// Read, check and project the rows of one CSV text.
@@ -276,7 +290,9 @@ fn read_rows(text: &str, catalog: &Catalog) -> Result<FileRows, PlanError> {
     }
     let mut rows = Vec::new();
     let mut prepared = Vec::new();
+    let mut keys = Vec::new();
     for (line, fields) in records.iter().skip(1) {
+        keys.push(repeats::config_key(&header, fields));
         let mut cells = BTreeMap::new();
         for (i, h) in header.iter().enumerate() {
             cells.insert(h.as_str(), fields.get(i).map(String::as_str).unwrap_or(""));
@@ -301,6 +317,7 @@ fn read_rows(text: &str, catalog: &Catalog) -> Result<FileRows, PlanError> {
         rows,
         groups,
         prepared,
+        keys,
     })
 }
 
@@ -511,7 +528,11 @@ fn ranking_groups(
 }
 
 /// The report over all rows and their ranking groups.
-fn summarize(rows: Vec<RowResult>, groups: Vec<GroupResult>) -> Report {
+fn summarize(
+    rows: Vec<RowResult>,
+    groups: Vec<GroupResult>,
+    keys: &[repeats::ConfigKey],
+) -> Report {
     let all = Aggregate::of(rows.iter().filter_map(|r| r.error));
     let projected = rows.iter().filter(|r| r.status == RowStatus::Ok).count();
     let errors = |moe: bool| {
@@ -522,7 +543,12 @@ fn summarize(rows: Vec<RowResult>, groups: Vec<GroupResult>) -> Report {
     };
     let (dense, moe) = (Aggregate::of(errors(false)), Aggregate::of(errors(true)));
     let ranks = stats::rank_groups(&rows);
+    let repeats = repeats::repeats(&rows, keys);
+    let floor = |moe: bool| repeats::widest(&repeats, moe).map(|r| r.error_floor);
     Report {
+        dense_error_floor: floor(false),
+        moe_error_floor: floor(true),
+        repeats,
         dense,
         moe,
         ranks,

@@ -291,3 +291,40 @@ fn rows_reduce_gradients_in_bf16_unless_a_column_says_fp32() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Rows identical in every configuration column (not id, source, notes or measurement) are
+/// one repeated configuration: its floor is (max - min) / (max + min) of their measurements
+/// (100 and 150 tokens/s: 20%), the least max |error| any projection can have over them. A
+/// row differing in one column (B's micro-batch), or measured in another metric (D), is not
+/// in it.
+#[test]
+fn repeated_configurations_and_their_error_floor() {
+    let csv = format!(
+        "{HEADER}\n\
+         A1,release 1,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,10000,,first\n\
+         A2,release 2,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,15000,,second\n\
+         A3,release 3,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,12000,,\n\
+         B,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,2,1,1,1,1,1,1,none,true,false,1f1b,9000,,\n\
+         D,x,llama3.1-8b,h100-sxm,8,8,bf16,8192,128,1,1,1,1,1,1,1,none,true,false,1f1b,,400,\n"
+    );
+    let c = Catalog::builtin().expect("catalog");
+    let r = validate_text_with(&csv, &c, Options { refit: false }).expect("valid file");
+    assert_eq!(r.repeats.len(), 1, "{:?}", r.repeats);
+    let g = &r.repeats[0];
+    assert_eq!(g.ids, ["A1", "A2", "A3"]);
+    assert_eq!(g.measured, [10000.0, 15000.0, 12000.0]);
+    assert!(!g.moe);
+    assert!((g.error_floor - 0.2).abs() < 1e-12, "{}", g.error_floor);
+    assert_eq!(r.dense_error_floor, Some(g.error_floor));
+    assert_eq!(r.moe_error_floor, None);
+    let max = r.max_abs_error.expect("max");
+    assert!(max >= 0.2 - 1e-12, "no projection beats the floor: {max}");
+    // Without the repeat, no floor.
+    let single = csv
+        .lines()
+        .filter(|l| !l.starts_with("A2") && !l.starts_with("A3"));
+    let single: String = single.map(|l| format!("{l}\n")).collect();
+    let r = validate_text_with(&single, &c, Options { refit: false }).expect("valid file");
+    assert!(r.repeats.is_empty());
+    assert_eq!(r.dense_error_floor, None);
+}
