@@ -24,22 +24,6 @@ const EXTRA: &str = include_str!("../../oracle/tests/data/extra.csv");
 const MOE: &str = include_str!("../../oracle/tests/data/moe.csv");
 const MOE_NONGATED: &str = include_str!("../../oracle/tests/data/moe-nongated.csv");
 
-/// Published rows whose recorded configuration cannot be what ran, with the reason; their
-/// verdict is not a false denial of the model. (N4, gpt-oss-120b on 64 H100, was one until
-/// stop 40 wrote its recipe's micro-batch size 1 instead of the table's self-contradictory 4:
-/// see its notes in moe-nongated.csv; it is admitted.)
-const INCONSISTENT_ROWS: &[(&str, &str)] = &[
-    (
-        "XA8-q235-mi355x-32",
-        "the Primus MoE-package blog's table prints TP/PP/CP/EP/DP 1/1/4/8/1, which does not \
-         multiply to its 32 GPUs, and no GPU type (research quality C)",
-    ),
-    (
-        "XA8-q235-mi355x-32-turbo",
-        "the same table row as XA8-q235-mi355x-32, with Primus-Turbo's grouped GEMM",
-    ),
-];
-
 fn job(s: Scenario, l: Layout) -> DerivedJob {
     DerivedJob {
         scenario: s,
@@ -175,14 +159,6 @@ fn no_run_that_ran_is_denied() {
             }
             judged += 1;
             let v = judge(&job(r.scenario, r.layout));
-            if let Some((_, why)) = INCONSISTENT_ROWS.iter().find(|(id, _)| *id == r.id) {
-                assert!(
-                    !v.allowed,
-                    "{file} {} is admitted now: drop it from the list ({why})",
-                    r.id
-                );
-                continue;
-            }
             assert!(
                 v.allowed,
                 "{file} {} ran but is denied: {}",
