@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use super::{CliError, Common, Output, catalog, print_json};
 use primus_oracle::validate::{
-    Aggregate, Metric, Options, Report, RowStatus, fit::Constant, validate_files_with,
+    Aggregate, Metric, Options, Repeat, Report, RowStatus, fit::Constant, validate_files_with,
+    widest_repeat,
 };
 
 mod ablate;
@@ -250,7 +251,7 @@ fn repeats(r: &Report) -> String {
         return String::new();
     }
     let widest = |kind: &str, moe: bool| -> Option<String> {
-        let g = r.repeats.iter().find(|g| g.moe == moe)?;
+        let g = widest_repeat(&r.repeats, moe)?;
         Some(format!(
             "{} for the {kind} rows ({})",
             abs_pct(Some(g.error_floor)),
@@ -277,7 +278,7 @@ fn repeats(r: &Report) -> String {
     out
 }
 
-fn measured_list(g: &primus_oracle::validate::Repeat) -> String {
+fn measured_list(g: &Repeat) -> String {
     g.ids
         .iter()
         .zip(&g.measured)

@@ -50,7 +50,7 @@ pub use csv::{
     parse_csv, seconds_per_iteration,
 };
 pub use fit::{GenerationFit, HeldOut, Prepared};
-pub use repeats::{Repeat, error_floor};
+pub use repeats::{Repeat, error_floor, widest_repeat};
 pub use stats::{Aggregate, RankGroup, spearman};
 
 use crate::bounds::limits;
@@ -544,7 +544,7 @@ fn summarize(
     let (dense, moe) = (Aggregate::of(errors(false)), Aggregate::of(errors(true)));
     let ranks = stats::rank_groups(&rows);
     let repeats = repeats::repeats(&rows, keys);
-    let floor = |moe: bool| repeats::widest(&repeats, moe).map(|r| r.error_floor);
+    let floor = |moe: bool| widest_repeat(&repeats, moe).map(|r| r.error_floor);
     Report {
         dense_error_floor: floor(false),
         moe_error_floor: floor(true),

@@ -28,6 +28,11 @@ fn nearest(
     primus_webhook::suggest::search(s, l, limit, deadline, max)
 }
 
+/// The flags of every suggestion of a search, for assertion messages.
+fn flags(out: &primus_webhook::suggest::SearchOutcome) -> Vec<String> {
+    out.suggestions.iter().map(|x| x.flags()).collect()
+}
+
 fn no_annotations() -> BTreeMap<String, String> {
     BTreeMap::new()
 }
@@ -235,10 +240,7 @@ fn recompute_modules_are_suggested_when_they_are_the_nearest_fix() {
             .iter()
             .any(|x| matches!(x.moves[..], [Move::Recompute(..)])),
         "{:?}",
-        out.suggestions
-            .iter()
-            .map(|x| x.flags())
-            .collect::<Vec<_>>()
+        flags(&out)
     );
 }
 
@@ -270,15 +272,7 @@ fn activation_offloading_is_suggested_with_the_fewest_layers_that_fit() {
         .suggestions
         .iter()
         .find(|x| matches!(x.moves[..], [Move::ActivationOffload(_)]))
-        .unwrap_or_else(|| {
-            panic!(
-                "no offload suggestion: {:?}",
-                out.suggestions
-                    .iter()
-                    .map(|x| x.flags())
-                    .collect::<Vec<_>>()
-            )
-        });
+        .unwrap_or_else(|| panic!("no offload suggestion: {:?}", flags(&out)));
     let n = o.layout.activation_offload_layers;
     eprintln!("offload {n} layers: {:.1} GiB", gib(o.peak_bytes));
     assert!((1..=20).contains(&n), "{n} layers");

@@ -111,8 +111,8 @@ pub(super) fn repeats(rows: &[RowResult], keys: &[ConfigKey]) -> Vec<Repeat> {
     out
 }
 
-/// The largest floor among the repeats of one kind (dense or MoE).
-pub(super) fn widest(repeats: &[Repeat], moe: bool) -> Option<&Repeat> {
+/// The widest repeat of one kind (dense or MoE): `repeats` are sorted widest first.
+pub fn widest_repeat(repeats: &[Repeat], moe: bool) -> Option<&Repeat> {
     repeats.iter().find(|r| r.moe == moe)
 }
 
